@@ -1,0 +1,1 @@
+"""dapo_core package."""

@@ -1,0 +1,126 @@
+"""Policy checkpoints in the run store: HF folders published atomically, with lineage metadata.
+
+A checkpoint is an HF model folder (config, safetensors weights, tokenizer files) plus
+``dapo_checkpoint.json``, which names the checkpoint, its step, its parent and the data that
+produced it. Writers build the folder under a hidden staging name beside the final one and
+rename it into place only when complete, so a crash never leaves a folder that looks finished:
+a folder without ``dapo_checkpoint.json`` is never treated as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+METADATA_FILE = "dapo_checkpoint.json"
+WEIGHT_SUFFIXES = (".safetensors",)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What ``dapo_checkpoint.json`` records about one checkpoint."""
+
+    checkpoint_id: str  # unique name: "<kind>-<step>-<weights digest>"
+    step: int  # the training step that produced it (0 = the bootstrapped/initial policy)
+    parent_checkpoint_id: str | None  # the checkpoint it was trained from (None for step 0)
+    produced_by: str  # the stage that wrote it: "bootstrap", "import" or "train"
+    inputs: dict[str, Any] = field(default_factory=dict)  # data/config that produced it (lineage)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is missing, incomplete or inconsistent."""
+
+
+def weights_digest(folder: str | Path) -> str:
+    """sha256 over the folder's weight files (names and bytes), 16 hex chars."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    if not files:
+        raise CheckpointError(f"{folder}: no weight files ({', '.join(WEIGHT_SUFFIXES)}) to digest")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def make_checkpoint_id(produced_by: str, step: int, folder: str | Path) -> str:
+    """``"train-0003-<digest>"``: readable, and unique because it includes the weights' digest."""
+    return f"{produced_by}-{step:04d}-{weights_digest(folder)}"
+
+
+def is_complete(folder: str | Path) -> bool:
+    """True when ``folder`` is a published checkpoint (its metadata file exists)."""
+    return (Path(folder) / METADATA_FILE).is_file()
+
+
+def read_info(folder: str | Path) -> CheckpointInfo:
+    """Load ``dapo_checkpoint.json``; a clear error when the folder is not a complete checkpoint."""
+    path = Path(folder) / METADATA_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: not a complete checkpoint (no {METADATA_FILE})")
+    try:
+        return CheckpointInfo(**json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError) as err:
+        raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
+
+
+def staging_dir(final_dir: str | Path) -> Path:
+    """A fresh hidden folder beside ``final_dir`` to build a checkpoint in (same filesystem)."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    path = final_dir.parent / f".{final_dir.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) -> Path:
+    """Write the metadata into ``staging`` and rename it to ``final_dir`` atomically.
+
+    If ``final_dir`` already holds a complete checkpoint with the same id (a re-run that
+    finished before), the staging copy is discarded and the existing one kept; a different id
+    is an error (two runs must never silently overwrite each other). An incomplete leftover at
+    ``final_dir`` (not possible through this function, but left by hand) is replaced.
+    """
+    staging, final_dir = Path(staging), Path(final_dir)
+    (staging / METADATA_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+    _fsync_tree(staging)
+    if final_dir.exists():
+        if is_complete(final_dir):
+            existing = read_info(final_dir)
+            shutil.rmtree(staging)
+            if existing.checkpoint_id != info.checkpoint_id:
+                raise CheckpointError(
+                    f"{final_dir}: already holds checkpoint {existing.checkpoint_id}, refusing to "
+                    f"replace it with {info.checkpoint_id}"
+                )
+            return final_dir
+        shutil.rmtree(final_dir)
+    os.replace(staging, final_dir)
+    return final_dir
+
+
+def clean_stale_staging(parent: str | Path) -> list[Path]:
+    """Remove staging folders left by crashed writers under ``parent``; returns what it removed."""
+    parent = Path(parent)
+    removed = []
+    if parent.is_dir():
+        for path in parent.glob(".*.staging-*"):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

@@ -1,0 +1,64 @@
+"""The `dapo` command: one subcommand per stage and one for the whole pipeline.
+
+Each subcommand lives in the module that owns the stage; that module exposes
+``add_arguments(parser)`` and ``run_cli(args) -> int``. Modules are imported only when their
+subcommand runs, so ``dapo --help`` stays fast and does not import vLLM or DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("workflows.pipeline", "run the whole pipeline from a config (curate -> steps -> evaluate)"),
+    "curate": ("tasks.curate", "turn raw problem files into Problem / RejectedProblem shards"),
+    "bootstrap": ("tasks.bootstrap", "build the tiny offline policy, or register a local HF model folder"),
+    "rollout": ("tasks.rollout", "generate G responses per prompt with vLLM into Rollout shards"),
+    "score": ("tasks.score", "reward, overlong handling, advantages and dynamic sampling -> ScoredRollout"),
+    "train": ("tasks.train", "one DeepSpeed DAPO step from a checkpoint and ScoredRollout shards"),
+    "eval": ("tasks.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
+    "lineage": ("workflows.lineage", "trace a training sample or checkpoint back to its origins"),
+    "deploy": ("infra.deploy", "serialise every Flyte environment and task for a cluster (--dry-run)"),
+}
+
+
+def _module_for(name: str):
+    module_name, _ = SUBCOMMANDS[name]
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name:
+            return None
+        raise
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dapo", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen subcommand's module is imported (keeps `dapo --help` light).
+        if name == wanted:
+            module = _module_for(name)
+            if module is not None:
+                module.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    module = _module_for(args.command)
+    if module is None:
+        print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
+        return 2
+    return int(module.run_cli(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
