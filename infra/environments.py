@@ -59,7 +59,13 @@ ALL_ENVIRONMENTS = (cpu_env, rollout_env, train_env)
 
 
 def stage_cache(stage: str, module_names: list[str] | tuple[str, ...]) -> flyte.Cache:
-    """A Flyte cache whose version is derived from the stage's code (see infra/versioning.py)."""
+    """A Flyte cache whose version is derived from the stage's code (see infra/versioning.py).
+
+    behavior="auto" with an explicit ``version_override``: the version is ours, not the hash of
+    the task function alone; and Flyte 2.12's local controller only *reads* its cache for
+    behavior "auto" ("override" writes entries it never looks up), so this is what makes local
+    re-runs cache hits.
+    """
     from infra.versioning import code_version
 
-    return flyte.Cache(behavior="override", version_override=code_version(stage, module_names))
+    return flyte.Cache(behavior="auto", version_override=code_version(stage, module_names))
