@@ -19,6 +19,7 @@ _COMMON_PACKAGES = (
     "tokenizers==0.23.3",
     "pyarrow==26.0.1",
     "pandera==0.35.0",
+    "narwhals==2.28.0",
     "datasets==5.2.0",
     "math-verify==0.9.0",
     "numpy==2.3.5",

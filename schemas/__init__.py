@@ -1,1 +1,43 @@
-"""schemas package."""
+"""Stage-boundary contracts: pandera models of the Arrow tables and atomic shard I/O.
+
+``Problem`` / ``RejectedProblem`` (curate), ``Rollout`` (rollout), ``ScoredRollout``
+(score/filter), ``StepMetrics`` (train), ``EvalResult`` (evaluate). Write with
+``write_shard(data, path, Model)``, read with ``read_shard`` / ``read_shards``; use
+``arrow_schema(Model)`` to build tables with the exact column types.
+"""
+
+from schemas.models import (
+    ALL_MODELS,
+    EvalResult,
+    Problem,
+    RejectedProblem,
+    Rollout,
+    ScoredRollout,
+    StepMetrics,
+)
+from schemas.shards import (
+    ShardValidationError,
+    arrow_schema,
+    read_shard,
+    read_shards,
+    shard_paths,
+    validate_table,
+    write_shard,
+)
+
+__all__ = [
+    "ALL_MODELS",
+    "EvalResult",
+    "Problem",
+    "RejectedProblem",
+    "Rollout",
+    "ScoredRollout",
+    "StepMetrics",
+    "ShardValidationError",
+    "arrow_schema",
+    "read_shard",
+    "read_shards",
+    "shard_paths",
+    "validate_table",
+    "write_shard",
+]

@@ -1,0 +1,226 @@
+"""Stage-boundary models and atomic shard I/O (schemas/)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import schemas.shards
+from schemas import (
+    ALL_MODELS,
+    EvalResult,
+    Problem,
+    RejectedProblem,
+    Rollout,
+    ScoredRollout,
+    ShardValidationError,
+    StepMetrics,
+    arrow_schema,
+    read_shard,
+    read_shards,
+    write_shard,
+)
+
+PID = "0123456789abcdef"
+
+
+def problem_row(**over: Any) -> dict[str, Any]:
+    row = dict(problem_id=PID, source="synthetic", source_row=0, problem="37+5-18", answer=24,
+               original_answer="24", prompt="37+5-18=\n", split="train")
+    return {**row, **over}
+
+
+def rollout_row(**over: Any) -> dict[str, Any]:
+    row = dict(rollout_id="r0", problem_id=PID, sample_index=0, prompt_token_ids=[1, 2, 3],
+               response_token_ids=[4, 5], response_text="ab", rollout_log_probs=[-0.5, -1.5],
+               response_length=2, finish_reason="stop", truncated=False, checkpoint_id="ckpt-0",
+               policy_version=0, seed=7, generation_round=0)
+    return {**row, **over}
+
+
+def scored_row(**over: Any) -> dict[str, Any]:
+    # reward = rule_reward + overlong_penalty = 1.0 + (-0.25) = 0.75
+    row = dict(rollout_row(), gold_answer=24, extracted_answer="24", correct=True, verdict_status="ok",
+               rule_reward=1.0, overlong_penalty=-0.25, reward=0.75, advantage=0.5, loss_masked=False,
+               kept=True, filter_reason="kept", reward_version="rv1")
+    return {**row, **over}
+
+
+def eval_row(**over: Any) -> dict[str, Any]:
+    # 3 of k=4 correct: avg@4 = 3 / 4 = 0.75, pass@4 = True
+    row = dict(eval_set="aime24", problem_id=PID, checkpoint_id="ckpt-3", step=3, k=4, num_correct=3,
+               avg_at_k=0.75, pass_at_k=True, maj_answer="24", maj_correct=True, verdict_timeouts=0,
+               temperature=1.0, top_p=0.7, seed=0)
+    return {**row, **over}
+
+
+def metrics_row(**over: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for f in arrow_schema(StepMetrics):
+        row[f.name] = 1 if pa.types.is_integer(f.type) else 0.5 if pa.types.is_floating(f.type) else "ckpt"
+    return {**row, **over}
+
+
+def test_arrow_schemas_match_the_architecture_contract() -> None:
+    problem = arrow_schema(Problem)
+    assert problem.names == ["problem_id", "source", "source_row", "problem", "answer",
+                             "original_answer", "prompt", "split"]
+    assert problem.field("answer").type == pa.int64() and problem.field("source_row").type == pa.int64()
+    rollout = arrow_schema(Rollout)
+    assert rollout.field("prompt_token_ids").type == pa.list_(pa.int32())
+    assert rollout.field("rollout_log_probs").type == pa.list_(pa.float32())
+    assert rollout.field("sample_index").type == pa.int32() and rollout.field("seed").type == pa.int64()
+    scored = arrow_schema(ScoredRollout)
+    assert scored.names[: len(rollout.names)] == rollout.names  # all Rollout columns, then more
+    assert scored.field("reward").type == pa.float32() and scored.field("gold_answer").type == pa.int64()
+    metrics = arrow_schema(StepMetrics)
+    assert metrics.field("step").type == pa.int32() and metrics.field("tokens").type == pa.int64()
+    assert metrics.field("generation_rounds").type == pa.int32() and metrics.field("lr").type == pa.float64()
+    assert len(metrics) == 24
+    ev = arrow_schema(EvalResult)
+    assert ev.field("k").type == pa.int32() and ev.field("avg_at_k").type == pa.float64()
+    assert ev.field("pass_at_k").type == pa.bool_() and ev.field("seed").type == pa.int64()
+    assert len(ALL_MODELS) == 6
+
+
+@pytest.mark.parametrize(
+    ("model", "rows"),
+    [
+        (Problem, [problem_row(), problem_row(problem_id="fedcba9876543210", source_row=1)]),
+        (RejectedProblem, [dict(source="f.parquet", source_row=3, problem=None, original_answer=None,
+                                reason_code="bad_encoding", reason="row 3 is not UTF-8")]),
+        (Rollout, [rollout_row(), rollout_row(rollout_id="r1", sample_index=1, finish_reason="length", truncated=True)]),
+        (ScoredRollout, [scored_row()]),
+        (StepMetrics, [metrics_row(), metrics_row(step=2, loss=float("nan"))]),
+        (EvalResult, [eval_row()]),
+    ],
+)
+def test_round_trip_each_model(tmp_path: Path, model: type, rows: list[dict[str, Any]]) -> None:
+    path = write_shard(rows, tmp_path / "x.parquet", model)
+    table = read_shard(path, model)
+    assert table.schema.remove_metadata() == arrow_schema(model).remove_metadata()
+    assert table.num_rows == len(rows)
+    assert pq.read_schema(path).field(0).type == arrow_schema(model).field(0).type
+
+
+def test_step_metrics_allows_nan_for_unfilled_floats(tmp_path: Path) -> None:
+    table = pa.Table.from_pylist([metrics_row(entropy=float("nan"), grad_norm=None)], schema=arrow_schema(StepMetrics))
+    back = read_shard(write_shard(table, tmp_path / "m.parquet", StepMetrics), StepMetrics)
+    assert math.isnan(back["entropy"][0].as_py())
+    assert back["grad_norm"][0].as_py() is None
+
+
+def test_dataframe_and_table_inputs(tmp_path: Path) -> None:
+    df = pd.DataFrame([problem_row(), problem_row(problem_id="fedcba9876543210")])
+    assert read_shard(write_shard(df, tmp_path / "a.parquet", Problem), Problem).num_rows == 2
+    # A table with int32 where int64 is wanted is widened safely; a string column is not reinterpreted.
+    t = pa.Table.from_pylist([problem_row()]).set_column(4, "answer", pa.array([24], pa.int32()))
+    assert read_shard(write_shard(t, tmp_path / "b.parquet", Problem), Problem)["answer"].type == pa.int64()
+    bad = t.set_column(4, "answer", pa.array(["24"]))
+    with pytest.raises(ShardValidationError, match=r"column 'answer': type string, expected int64"):
+        write_shard(bad, tmp_path / "c.parquet", Problem)
+
+
+def test_validation_error_names_file_column_rows_and_values(tmp_path: Path) -> None:
+    rows = [problem_row(), problem_row(problem_id="not-hex", source_row=1), problem_row(source_row=-4)]
+    target = tmp_path / "problems.parquet"
+    with pytest.raises(ShardValidationError) as info:
+        write_shard(rows, target, Problem)
+    message = str(info.value)
+    assert str(target) in message
+    assert "column 'problem_id'" in message and "1='not-hex'" in message  # row 1, its value
+    assert "column 'source_row'" in message and "2=-4" in message  # row 2, its value
+    assert not target.exists()
+
+
+def test_validation_errors_for_nulls_missing_and_extra_columns(tmp_path: Path) -> None:
+    with pytest.raises(ShardValidationError, match=r"column 'answer': nulls not allowed: 1 row\(s\): 1=None"):
+        write_shard([problem_row(), problem_row(answer=None)], tmp_path / "n.parquet", Problem)
+    row = problem_row(extra=1)
+    del row["split"]
+    with pytest.raises(ShardValidationError, match=r"missing column\(s\): \['split'\]") as info:
+        write_shard([row], tmp_path / "m.parquet", Problem)
+    assert "unexpected column(s): ['extra']" in str(info.value)
+    with pytest.raises(ShardValidationError, match=r"column 'answer': values not convertible to int64: 1 row\(s\): 0='x'"):
+        write_shard([problem_row(answer="x")], tmp_path / "v.parquet", Problem)
+
+
+def test_row_rules_name_the_rows(tmp_path: Path) -> None:
+    rows = [rollout_row(), rollout_row(rollout_id="r1", rollout_log_probs=[-1.0])]  # 2 tokens, 1 log-prob
+    with pytest.raises(ShardValidationError, match=r"row rule 'log_probs_per_token'.*1 row\(s\): 1="):
+        write_shard(rows, tmp_path / "r.parquet", Rollout)
+    with pytest.raises(ShardValidationError, match=r"truncated_iff_length.*0="):
+        write_shard([rollout_row(truncated=True)], tmp_path / "r.parquet", Rollout)
+    with pytest.raises(ShardValidationError, match=r"column 'rollout_id': values must be unique: 2 row\(s\)"):
+        write_shard([rollout_row(), rollout_row(sample_index=1)], tmp_path / "r.parquet", Rollout)
+    # 1.0 + (-0.25) = 0.75, not 0.5
+    with pytest.raises(ShardValidationError, match=r"reward_is_sum.*0="):
+        write_shard([scored_row(reward=0.5)], tmp_path / "s.parquet", ScoredRollout)
+    with pytest.raises(ShardValidationError, match=r"column 'filter_reason'.*0='lucky'"):
+        write_shard([scored_row(filter_reason="lucky", kept=False)], tmp_path / "s.parquet", ScoredRollout)
+    # 3 / 4 = 0.75, not 0.7
+    with pytest.raises(ShardValidationError, match=r"avg_is_fraction.*0="):
+        write_shard([eval_row(avg_at_k=0.7)], tmp_path / "e.parquet", EvalResult)
+    with pytest.raises(ShardValidationError, match=r"must be unique together: 2 row\(s\)"):
+        write_shard([eval_row(), eval_row()], tmp_path / "e.parquet", EvalResult)
+    with pytest.raises(ShardValidationError, match=r"column 'step': values must be unique"):
+        write_shard([metrics_row(), metrics_row()], tmp_path / "m.parquet", StepMetrics)
+
+
+def test_read_validates_exact_types_of_foreign_files(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.parquet"
+    # Written by someone else with int32 answers: no silent cast on read.
+    pq.write_table(pa.Table.from_pylist([problem_row()]).set_column(4, "answer", pa.array([24], pa.int32())), path)
+    with pytest.raises(ShardValidationError, match=r"foreign.parquet.*\n.*column 'answer': type int32, expected int64"):
+        read_shard(path, Problem)
+    pq.write_table(pa.Table.from_pylist([problem_row(split="")], schema=arrow_schema(Problem)), path)
+    with pytest.raises(ShardValidationError, match=r"column 'split'.*0=''"):
+        read_shard(path, Problem)
+    path.write_bytes(b"PAR1 truncated")
+    with pytest.raises(ShardValidationError, match="cannot read Parquet"):
+        read_shard(path, Problem)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "shard.parquet"
+
+    def write_half_then_fail(table: pa.Table, where: Any, **kwargs: Any) -> None:
+        where.write(b"PAR1 half a file")
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(schemas.shards.pq, "write_table", write_half_then_fail)
+    with pytest.raises(OSError, match="simulated"):
+        write_shard([problem_row()], target, Problem)
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # the temp file is gone too
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = write_shard([problem_row()], tmp_path / "shard.parquet", Problem)
+    before = target.read_bytes()
+    with pytest.raises(ShardValidationError):
+        write_shard([problem_row(answer=None)], target, Problem)
+    monkeypatch.setattr(schemas.shards.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("rename failed")))
+    with pytest.raises(OSError, match="rename failed"):
+        write_shard([problem_row(answer=99)], target, Problem)
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["shard.parquet"]
+
+
+def test_write_is_byte_deterministic_and_read_shards_concatenates(tmp_path: Path) -> None:
+    a = write_shard([problem_row()], tmp_path / "d" / "part-0.parquet", Problem)
+    b = write_shard([problem_row()], tmp_path / "other.parquet", Problem)
+    assert a.read_bytes() == b.read_bytes()
+    write_shard([problem_row(problem_id="fedcba9876543210")], tmp_path / "d" / "part-1.parquet", Problem)
+    (tmp_path / "d" / ".part-2.parquet.x.tmp").write_bytes(b"partial")  # never read
+    both = read_shards(tmp_path / "d", Problem)
+    assert both["problem_id"].to_pylist() == [PID, "fedcba9876543210"]
+    assert read_shards([a, b], Problem).num_rows == 2
+    with pytest.raises(FileNotFoundError, match="no \\*.parquet shards"):
+        read_shards(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path, Problem)
