@@ -1,0 +1,371 @@
+"""The train stage: one DeepSpeed DAPO update per pipeline step, published as the next checkpoint.
+
+``train_step`` takes a published checkpoint and the step's ScoredRollout shards, launches
+``torchrun --standalone --nproc_per_node N -m tasks.train_worker SPEC.json`` (each step is its own
+process group; gloo on CPU, NCCL on GPU; ``--standalone`` picks a free rendezvous port), and
+publishes what the workers wrote into a staging folder:
+
+- the next HF checkpoint (safetensors + config + tokenizer files; transformers and vLLM load it),
+- ``ds_state/``: the DeepSpeed checkpoint with the optimizer state, so the next step continues
+  the same AdamW moments, update count and warm-up schedule,
+- ``train_metrics.parquet`` (one StepMetrics row) and ``train_timings.json`` (load, old
+  log-probs, updates, save/export, launch overhead).
+
+The batch is checked before any process starts (empty batch, every sample overlong-filtered,
+non-finite advantages or log-probs: ``TrainStepError`` naming the step, file and row). Non-finite
+losses or gradients stop the workers. Nothing from a failed step is published: the staging folder
+is removed and the checkpoint folder never appears (tasks/checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.environments import stage_cache, train_env
+from tasks import checkpoints
+from tasks import train_batch as tb
+from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+METRICS_FILE = "train_metrics.parquet"
+TIMINGS_FILE = "train_timings.json"
+# StepMetrics columns a training step cannot know (rollout/score fill them in the driver).
+_UNKNOWN_FLOATS = ("reward_mean", "accuracy", "response_length_mean", "truncation_ratio", "time_rollout_s",
+                   "time_score_s")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One DAPO training step: engine, optimizer, batching and loss (defaults: the paper, sec. 4.1)."""
+
+    num_processes: int = 1  # data-parallel workers launched with torchrun (one per GPU on a cluster)
+    zero_stage: int = 1  # DeepSpeed ZeRO stage: 1, 2 or 3
+    precision: str = "fp32"  # "fp32" or "bf16" (fp32 master weights kept by DeepSpeed)
+    micro_batch_samples: int = 8  # samples per forward/backward per process (memory only, not the math)
+    updates_per_step: int = 1  # mini-batches = optimizer updates per rollout step (paper: 16)
+    lr: float = 1e-6  # AdamW peak learning rate (paper: 1e-6)
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.999  # AdamW beta2
+    weight_decay: float = 0.1  # AdamW decoupled weight decay
+    adam_eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 20  # linear LR warm-up over the first this-many rollout steps (paper: 20)
+    grad_clip_norm: float = 1.0  # clip the global gradient 2-norm; 0 = off
+    eps_low: float = 0.2  # lower clip range (paper sec. 3.1)
+    eps_high: float = 0.28  # upper clip range, clip-higher (paper sec. 3.1)
+    dual_clip_c: float | None = None  # dual-clip bound for negative advantages (> 1), None = off
+    tis_cap: float | None = None  # truncated importance sampling cap on pi_old / pi_rollout, None = off
+    seed: int = 0  # mini-batch shuffling (with the step number added)
+    resume_optimizer: bool = True  # continue the parent's DeepSpeed optimizer state when it has one
+    keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume)
+    timeout_s: float = 3600.0  # wall-clock limit of one launch
+
+    def __post_init__(self) -> None:
+        checks = {
+            "num_processes": self.num_processes >= 1,
+            "zero_stage": self.zero_stage in (1, 2, 3),
+            "precision": self.precision in ("fp32", "bf16"),
+            "micro_batch_samples": self.micro_batch_samples >= 1,
+            "updates_per_step": self.updates_per_step >= 1,
+            "lr": self.lr > 0,
+            "warmup_steps": self.warmup_steps >= 0,
+            "tis_cap": self.tis_cap is None or self.tis_cap > 0,
+            "dual_clip_c": self.dual_clip_c is None or self.dual_clip_c > 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"TrainConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+
+
+class TrainStepError(RuntimeError):
+    """A training step failed; nothing was published."""
+
+
+@dataclass(frozen=True)
+class TrainStepResult:
+    """What a published training step produced."""
+
+    checkpoint_dir: str  # the new, published checkpoint folder
+    checkpoint_id: str
+    metrics: dict[str, Any]  # the StepMetrics row (NaN for what training does not know)
+    timings: dict[str, float]  # finer timings in seconds: load, old log-probs, updates, save/export, ...
+    worker_metrics: list[dict[str, Any]]  # everything the workers reported, one dict per step run
+
+
+def _worker_env(num_processes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # Oversubscribed threads are catastrophic on small machines: split the cores between ranks.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+    env.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout_s: float, step: int) -> None:
+    spec_path = work_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    log_path = work_dir / "worker.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
+           "-m", "tasks.train_worker", str(spec_path)]
+    with log_path.open("w") as log:
+        # Own session: on timeout the whole group (torchrun and every rank) is killed, none orphaned.
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_worker_env(num_processes), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as err:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise TrainStepError(f"step {step}: training workers ran past {timeout_s} s (nothing published)") from err
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        errors = sorted(work_dir.glob("error.txt.rank*"))
+        if errors:
+            first_line = errors[0].read_text().splitlines()[0]
+            raise TrainStepError(f"step {step}: training failed: {first_line} (nothing published)")
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        raise TrainStepError(f"step {step}: training workers exited with {proc.returncode} (nothing published):\n{tail}")
+
+
+def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dict[str, Any], time_train_s: float) -> dict[str, Any]:
+    """The StepMetrics row of a step. Rollout/score metrics are NaN and their counts 0: the driver,
+    which knows them, fills them in when it merges the stages' metrics."""
+    row: dict[str, Any] = {
+        "step": step,
+        "checkpoint_id": checkpoint_id,
+        "parent_checkpoint_id": parent_id,
+        **{k: float(worker[k]) for k in ("loss", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
+                                          "approx_kl", "grad_norm", "lr")},
+        "tokens": int(worker["tokens"]),
+        "samples": int(worker["samples"]),
+        "masked_samples": int(worker["masked_samples"]),
+        **{k: math.nan for k in _UNKNOWN_FLOATS},
+        "generation_rounds": 0,
+        "verdict_timeouts": 0,
+        "verdict_errors": 0,
+        "time_train_s": time_train_s,
+    }
+    return row
+
+
+def _write_metrics(row: dict[str, Any], path: Path) -> None:
+    import pyarrow as pa
+
+    import schemas
+
+    write_shard = getattr(schemas, "write_shard", None)
+    model = getattr(schemas, "StepMetrics", None)
+    int32 = {"step", "generation_rounds"}
+    arrays = {k: pa.array([v], type=pa.int32() if k in int32 else None) for k, v in row.items()}
+    table = pa.table(arrays)
+    if write_shard is not None and model is not None:
+        write_shard(table, path, model)  # validated, atomic
+    else:  # pragma: no cover - before schemas grew its helpers
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+
+
+def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepResult:
+    """A re-run of a step that was already published (e.g. a retry after the publish): reuse it.
+
+    Training is not bit-reproducible across launches, so publishing again could give another id;
+    the published checkpoint stays the one and only result of this step. A different step or
+    parent at ``out_dir`` is an error (two runs must never share an output folder).
+    """
+    import schemas
+
+    info = checkpoints.read_info(out_dir)
+    if info.step != step or info.parent_checkpoint_id != parent_id or info.produced_by != "train":
+        raise TrainStepError(
+            f"step {step}: {out_dir} already holds {info.checkpoint_id} (step {info.step}, parent "
+            f"{info.parent_checkpoint_id}), not this step's output"
+        )
+    row = schemas.read_shard(out_dir / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
+    timings = json.loads((out_dir / TIMINGS_FILE).read_text())
+    return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
+
+
+def train_steps(
+    checkpoint_dir: str | Path,
+    steps: Sequence[tuple[int, Sequence[str | Path]]],
+    out_dir: str | Path,
+    *,
+    config: TrainConfig,
+    probe_input_ids: list[list[int]] | None = None,
+    probe_path: str | Path | None = None,
+) -> TrainStepResult:
+    """Run consecutive training steps in ONE engine launch and publish only the last checkpoint.
+
+    The pipeline calls ``train_step`` (one step); several steps in one engine keep the optimizer
+    in memory, which tests compare with steps chained through saved checkpoints.
+    ``probe_input_ids`` (equal-length rows) makes the workers save the updated policy's logits
+    on them to ``probe_path`` (tests: the export must reload with identical logits).
+    """
+    if not steps:
+        raise TrainStepError("no step to run")
+    last_step = int(steps[-1][0])
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    t_start = time.perf_counter()
+    parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
+    if checkpoints.is_complete(out_dir):
+        return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
+    # Validate the data here, before any process starts, so bad input fails fast and clearly.
+    batches_meta = []
+    for step, shards in steps:
+        try:
+            rows = tb.load_rows([str(s) for s in shards])
+            tb.check_trainable(rows, step=int(step))
+        except tb.TrainBatchError as err:
+            raise TrainStepError(f"step {step}: bad training batch: {err}") from err
+        if len(rows) < config.updates_per_step:
+            raise TrainStepError(
+                f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
+            )
+        batches_meta.append({"step": int(step), "shards": [str(Path(s).resolve()) for s in shards]})
+
+    ds_state = checkpoint_dir / DS_STATE_DIR
+    resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
+    staging = checkpoints.staging_dir(out_dir)
+    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-"))
+    try:
+        spec = {
+            "parent_checkpoint": str(checkpoint_dir.resolve()),
+            "resume_ds_state": str(ds_state.resolve()) if resume else None,
+            "steps": batches_meta,
+            "out_dir": str(staging.resolve()),
+            "metrics_path": str(work_dir / "metrics.json"),
+            "error_path": str(work_dir / "error.txt"),
+            "zero_stage": config.zero_stage,
+            "precision": config.precision,
+            "micro_batch_samples": config.micro_batch_samples,
+            "updates_per_step": config.updates_per_step,
+            "lr": config.lr,
+            "betas": [config.beta1, config.beta2],
+            "weight_decay": config.weight_decay,
+            "adam_eps": config.adam_eps,
+            # The paper counts warm-up in rollout steps; the optimizer counts updates.
+            "warmup_updates": config.warmup_steps * config.updates_per_step,
+            "grad_clip_norm": config.grad_clip_norm,
+            "eps_low": config.eps_low,
+            "eps_high": config.eps_high,
+            "dual_clip_c": config.dual_clip_c,
+            "tis_cap": config.tis_cap,
+            "seed": config.seed,
+            "save_ds_state": config.keep_optimizer_state,
+            "probe_input_ids": probe_input_ids,
+            "probe_path": str(probe_path) if probe_path is not None else None,
+        }
+        t_launch = time.perf_counter()
+        _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
+        launch_s = time.perf_counter() - t_launch
+        worker_metrics = json.loads((work_dir / "metrics.json").read_text())
+
+        t_publish = time.perf_counter()
+        checkpoint_id = checkpoints.make_checkpoint_id("train", last_step, staging)
+        timings = {k: float(v) for m in worker_metrics for k, v in m["timings"].items()}
+        timings["launch_s"] = launch_s
+        timings["launch_overhead_s"] = launch_s - sum(
+            timings.get(k, 0.0) for k in ("load_s", "batch_s", "old_log_probs_s", "updates_s", "save_export_s")
+        )
+        row = _step_metrics_row(last_step, checkpoint_id, parent.checkpoint_id, worker_metrics[-1],
+                                time_train_s=time.perf_counter() - t_start)
+        _write_metrics(row, staging / METRICS_FILE)
+        info = checkpoints.CheckpointInfo(
+            checkpoint_id=checkpoint_id,
+            step=last_step,
+            parent_checkpoint_id=parent.checkpoint_id,
+            produced_by="train",
+            inputs={
+                "scored_shards": [s for b in batches_meta for s in b["shards"]],
+                "steps": [b["step"] for b in batches_meta],
+                "config": asdict(config),
+                "resumed_optimizer_state": resume,
+            },
+        )
+        timings["publish_s"] = time.perf_counter() - t_publish
+        timings["time_train_s"] = time.perf_counter() - t_start
+        (staging / TIMINGS_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
+        published = checkpoints.publish(staging, out_dir, info)
+        return TrainStepResult(str(published), checkpoint_id, row, timings, worker_metrics)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def train_step(
+    checkpoint_dir: str | Path,
+    scored_shards: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    step: int,
+    config: TrainConfig,
+) -> TrainStepResult:
+    """One DAPO step: update the policy in ``checkpoint_dir`` on the kept rows of ``scored_shards``.
+
+    Publishes the next checkpoint at ``out_dir`` (atomic) and returns its id, StepMetrics row and
+    timings. Raises ``TrainStepError`` naming the step on bad input or a failed update.
+    """
+    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config)
+
+
+@train_env.task(
+    cache=stage_cache(
+        "train",
+        ["tasks.train", "tasks.train_worker", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
+         "dapo_core.losses", "dapo_core.metrics", "schemas"],
+    )
+)
+def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig) -> str:
+    """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON."""
+    result = train_step(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
+    return json.dumps({**result.metrics, "checkpoint_dir": result.checkpoint_dir, "timings": result.timings},
+                      sort_keys=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="published checkpoint folder to train from")
+    parser.add_argument("scored", nargs="+", help="ScoredRollout shard(s) (files or folders)")
+    parser.add_argument("--out", required=True, help="folder of the next checkpoint (published atomically)")
+    parser.add_argument("--step", type=int, required=True, help="the step number this update produces")
+    parser.add_argument("--config", help="run config YAML whose `train` section to use")
+    parser.add_argument("--set", action="append", default=[], metavar="train.FIELD=VALUE", help="override a field")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from workflows.config import load_config, parse_overrides
+
+    if args.config:
+        config = load_config(args.config, args.set).train
+    else:
+        config = TrainConfig(**parse_overrides(args.set).get("train", {}))
+    try:
+        result = train_step(args.checkpoint, args.scored, args.out, step=args.step, config=config)
+    except TrainStepError as err:
+        print(f"dapo train: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings},
+                     indent=2, sort_keys=True, default=str))
+    return 0

@@ -1,0 +1,457 @@
+"""One DeepSpeed DAPO training step, run in every process of a torchrun launch.
+
+``tasks/train.py`` writes a JSON spec and launches ``torchrun --standalone --nproc_per_node N -m
+tasks.train_worker SPEC``; each step is its own process group, so nothing (a hung collective, a
+leaked CUDA context) survives into the next step. Per process:
+
+1. **load** - join the process group (gloo on CPU, NCCL on GPU), load the parent HF checkpoint,
+   wrap it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, warm-up, clipping) and,
+   if the parent has one, restore its DeepSpeed state (Adam moments, update count, LR schedule).
+2. **old log-probs** - recompute pi_old's log-probs of every response token with the training
+   engine before the first update (as verl does): the rollout engine's numbers differ slightly
+   (kernels, precision), and the importance ratio of eq. 10 must be exactly 1 at the first update.
+   The rollout log-probs are kept to report the mismatch and, optionally, for truncated
+   importance sampling (TIS): each token's loss is multiplied by the detached weight
+   ``min(exp(old_lp - rollout_lp), cap)``.
+3. **updates** - shuffle the samples (seeded) into ``updates_per_step`` mini-batches (the paper:
+   16 updates per rollout step, sec. 4.1), each split over ranks and into micro-batches; one
+   optimizer update per mini-batch. The token-level loss (eq. 10 with the eq. 12 normaliser,
+   sec. 3.3) divides by the token count of the whole mini-batch across all ranks; see
+   ``backward_scale`` for how DeepSpeed's own averaging is undone, so the update does not depend
+   on the micro-batch size or the process count.
+4. **save/export** - the DeepSpeed checkpoint (``ds_state/``, with optimizer state) and the
+   consolidated HF checkpoint (safetensors + config + tokenizer files) into the staging folder;
+   ``tasks/train.py`` publishes it. Rank 0 writes the step's metrics as JSON.
+
+Any failure (non-finite loss or gradient, bad rows) raises with the step named; rank 0 writes the
+message to ``error_path`` for the parent to report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dapo_core.losses import policy_loss
+from dapo_core.metrics import token_mean_entropy
+from tasks import train_batch as tb
+
+DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
+DS_META_FILE = "dapo_ds_meta.json"  # how the DeepSpeed state was laid out (world size, stage)
+# Files of the parent checkpoint that are not copied into the next one (rewritten or not ours).
+_NOT_COPIED = {"config.json", "generation_config.json", "dapo_checkpoint.json", "train_metrics.parquet",
+               "train_timings.json"}
+
+
+class TrainStepFailure(RuntimeError):
+    """The step cannot produce a valid update (non-finite loss/gradient, incompatible state)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The JSON spec ``tasks/train.py`` hands to every worker process (fields as in TrainConfig)."""
+
+    parent_checkpoint: str  # HF folder of the policy to update
+    resume_ds_state: str | None  # the parent's ds_state/ folder, or None for a fresh optimizer
+    steps: list[dict[str, Any]]  # [{"step": int, "shards": [paths]}]; > 1 = consecutive steps, one engine
+    out_dir: str  # staging folder that receives the HF export and ds_state/
+    metrics_path: str  # JSON written by rank 0: one metrics dict per step
+    error_path: str  # text file written by the failing rank
+    zero_stage: int
+    precision: str
+    micro_batch_samples: int
+    updates_per_step: int
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    adam_eps: float
+    warmup_updates: int
+    grad_clip_norm: float
+    eps_low: float
+    eps_high: float
+    dual_clip_c: float | None
+    tis_cap: float | None
+    seed: int
+    save_ds_state: bool = True
+    probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
+    probe_path: str | None = None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> WorkerSpec:
+        raw = json.loads(Path(path).read_text())
+        raw["betas"] = tuple(raw["betas"])
+        return cls(**raw)
+
+
+def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
+    """Linear warm-up: update u (0-based) runs at lr * min(1, (u + 1) / warmup_updates).
+
+    The paper warms the learning rate up linearly over its first 20 rollout steps (sec. 4.1).
+    The first update already moves (lr / warmup_updates), unlike DeepSpeed's WarmupLR.
+    """
+    if warmup_updates <= 0:
+        return 1.0
+    return min(1.0, (update_index + 1) / warmup_updates)
+
+
+def backward_scale(*, world_size: int, accumulation_steps: int) -> float:
+    """Factor on each micro-batch's loss so DeepSpeed's gradient is the mini-batch gradient.
+
+    Each micro-batch loss is already ``sum(token losses) / T`` with T the token count of the
+    whole mini-batch over all ranks (eq. 12), so the plain SUM of all micro-batch gradients of
+    all ranks is the exact mini-batch gradient. DeepSpeed instead averages: ``engine.backward``
+    divides by the gradient-accumulation steps and the data-parallel reduction divides by the
+    world size. Multiplying by both undoes that.
+    """
+    return float(world_size * accumulation_steps)
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _all_reduce(values: list[float], op: dist.ReduceOp = dist.ReduceOp.SUM) -> list[float]:
+    """All-reduce a few scalars at once (one collective). fp64 so token counts stay exact."""
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def _comm_device() -> torch.device:
+    # NCCL only moves CUDA tensors; gloo only CPU ones.
+    return _device() if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _copy_tokenizer_files(parent: Path, out: Path) -> None:
+    for path in parent.iterdir():
+        is_weights = path.name.endswith((".safetensors", ".bin", ".pt")) or ".index.json" in path.name
+        if path.is_file() and path.name not in _NOT_COPIED and not is_weights:
+            shutil.copy2(path, out / path.name)
+
+
+class _StepRunner:
+    """Holds the engine across steps of one launch; one ``run_step`` per rollout step."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        from infra.deepspeed import build_deepspeed_config
+
+        self.spec = spec
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = _device()
+        self.updates_done = 0
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
+        self.pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+        ds_config = build_deepspeed_config(
+            zero_stage=spec.zero_stage,
+            precision=spec.precision,
+            micro_batch_samples=spec.micro_batch_samples,
+            gradient_accumulation_steps=1,  # set per step from the batch (set_train_batch_size)
+            world_size=self.world_size,
+            lr=spec.lr,
+            betas=spec.betas,
+            weight_decay=spec.weight_decay,
+            adam_eps=spec.adam_eps,
+            grad_clip_norm=spec.grad_clip_norm,
+        )
+        warmup = spec.warmup_updates
+
+        def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: warmup_lr_factor(u, warmup))
+
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), config=ds_config, lr_scheduler=make_scheduler
+        )
+        if spec.resume_ds_state:
+            self._resume(Path(spec.resume_ds_state))
+
+    def _resume(self, state_dir: Path) -> None:
+        meta_path = state_dir / DS_META_FILE
+        if not meta_path.is_file():
+            raise TrainStepFailure(f"{state_dir}: DeepSpeed state without {DS_META_FILE}")
+        meta = json.loads(meta_path.read_text())
+        # ZeRO partitions optimizer state by rank: a different layout cannot be loaded as is.
+        for key, now in (("world_size", self.world_size), ("zero_stage", self.spec.zero_stage)):
+            if meta[key] != now:
+                raise TrainStepFailure(
+                    f"{state_dir}: optimizer state was saved with {key}={meta[key]} but this step runs with "
+                    f"{key}={now}; keep them equal or set resume_optimizer=False to start a fresh optimizer"
+                )
+        path, _ = self.engine.load_checkpoint(
+            str(state_dir), tag=meta["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise TrainStepFailure(f"{state_dir}: DeepSpeed could not load tag {meta['tag']!r}")
+        self.updates_done = int(meta["updates_done"])
+
+    def _forward_log_probs(self, mb: tb.TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [b, l, V], token log-probs [b, l]) of the current policy on a micro-batch."""
+        out = self.engine(
+            input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device).long()
+        )
+        logits = out.logits
+        return logits, tb.token_log_probs(logits, mb.input_ids.to(self.device))
+
+    def run_step(self, step: int, shards: list[str]) -> dict[str, Any]:
+        spec, device, W = self.spec, self.device, self.world_size
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        rows = tb.load_rows(shards)
+        tb.check_trainable(rows, step=step)
+        batch = tb.collate(rows, pad_token_id=self.pad_token_id)
+        minis = tb.mini_batches(batch.num_samples, spec.updates_per_step, seed=spec.seed + step)
+        gas = tb.accumulation_steps([len(m) for m in minis], world_size=W, micro_batch_samples=spec.micro_batch_samples)
+        self.engine.set_train_batch_size(spec.micro_batch_samples * gas * W)
+        # plan[m] = this rank's micro-batches of mini-batch m, padded with zero-weight repeats of
+        # the mini-batch's first sample so every rank runs exactly ``gas`` forward/backward passes
+        # (ZeRO-3 gathers parameters collectively in each forward).
+        plan: list[list[tuple[list[int], float]]] = []
+        for mini in minis:
+            micro = [(idx, 1.0) for idx in tb.rank_micro_batches(mini, rank=self.rank, world_size=W,
+                                                                   micro_batch_samples=spec.micro_batch_samples)]
+            micro += [([mini[0]], 0.0)] * (gas - len(micro))
+            plan.append(micro)
+        timings["batch_s"] = time.perf_counter() - t0
+
+        # --- old log-probs with the training engine, before any update (pi_old of eq. 10) ---
+        t0 = time.perf_counter()
+        self.engine.eval()
+        old_lp: list[list[torch.Tensor]] = []
+        # sums over this rank's real samples: |old - rollout|, response tokens, entropy, loss tokens
+        local = {"abs_delta": 0.0, "resp_tokens": 0.0, "entropy": 0.0, "loss_tokens": 0.0}
+        max_delta = 0.0
+        with torch.no_grad():
+            for micro in plan:
+                row = []
+                for idx, weight in micro:
+                    mb = tb.select(batch, idx)
+                    logits, lp = self._forward_log_probs(mb)
+                    lp = lp.float().cpu()
+                    row.append(lp)
+                    if weight == 0.0:
+                        continue
+                    resp = mb.response_mask
+                    delta = (lp - mb.rollout_log_probs).abs()[resp]
+                    local["abs_delta"] += float(delta.sum())
+                    local["resp_tokens"] += float(resp.sum())
+                    max_delta = max(max_delta, float(delta.max()) if delta.numel() else 0.0)
+                    # Entropy of pi_old over the loss tokens (sec. 3.1 watches it collapse); logits
+                    # at p - 1 gave token p, and position 0 is always a prompt token.
+                    shifted_mask = mb.loss_mask[:, 1:].to(device)
+                    n_tok = float(shifted_mask.sum())
+                    local["entropy"] += float(token_mean_entropy(logits[:, :-1], shifted_mask)) * n_tok
+                    local["loss_tokens"] += n_tok
+                old_lp.append(row)
+        abs_delta, resp_tokens, entropy_sum, loss_tokens = _all_reduce(
+            [local["abs_delta"], local["resp_tokens"], local["entropy"], local["loss_tokens"]]
+        )
+        (max_delta,) = _all_reduce([max_delta], dist.ReduceOp.MAX)
+        if loss_tokens == 0:
+            raise TrainStepFailure(f"step {step}: no token to train on after masking")
+        timings["old_log_probs_s"] = time.perf_counter() - t0
+
+        # --- one optimizer update per mini-batch ---
+        t0 = time.perf_counter()
+        self.engine.train()
+        scale = backward_scale(world_size=W, accumulation_steps=gas)
+        sums = {"loss": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0,
+                "tis_weight": 0.0}
+        grad_norms: list[float] = []
+        lrs: list[float] = []
+        updates = 0
+        for m, micro in enumerate(plan):
+            mini_local_tokens = sum(
+                float(tb.select(batch, idx).loss_mask.sum()) for idx, w in micro if w > 0
+            )
+            (mini_tokens,) = _all_reduce([mini_local_tokens])
+            if mini_tokens == 0:
+                continue  # every sample of this mini-batch is overlong-filtered: nothing to learn
+            finite = True
+            lr_now = float(self.engine.get_lr()[0])
+            for j, (idx, weight) in enumerate(micro):
+                mb = tb.select(batch, idx)
+                _, lp = self._forward_log_probs(mb)
+                old = old_lp[m][j].to(device)
+                mask = mb.loss_mask.to(device)
+                advantages = mb.advantages.to(device)
+                if spec.tis_cap is not None:
+                    # Truncated importance sampling: weight = min(pi_old / pi_rollout, cap), detached.
+                    # A positive per-token weight on the loss equals scaling the advantage, because
+                    # eq. 10's max of the two clipped terms is positively homogeneous in A.
+                    tis = torch.clamp(torch.exp(old - mb.rollout_log_probs.to(device)), max=spec.tis_cap)
+                    advantages = advantages * tis
+                    sums["tis_weight"] += float((tis * mask).sum()) * weight
+                loss, metrics = policy_loss(
+                    lp.float(), old, advantages, mask,
+                    eps_low=spec.eps_low, eps_high=spec.eps_high, dual_clip_c=spec.dual_clip_c,
+                    agg="token-mean", total_tokens=mini_tokens,
+                )
+                finite = finite and bool(torch.isfinite(loss))
+                self.engine.backward(loss * (weight * scale))
+                if j == len(micro) - 1:
+                    # All ranks agree before stepping: a NaN anywhere stops the step everywhere.
+                    (all_finite,) = _all_reduce([1.0 if finite else 0.0], dist.ReduceOp.MIN)
+                    if all_finite < 1.0:
+                        raise TrainStepFailure(f"step {step}: loss is not finite (mini-batch {m}); nothing published")
+                self.engine.step()
+                n_tok = float(metrics["num_tokens"]) * weight
+                sums["loss"] += float(loss) * weight
+                for key in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl"):
+                    sums[key] += float(metrics[key]) * n_tok
+            grad_norm = self.engine.get_global_grad_norm()
+            grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+            if not math.isfinite(grad_norm):
+                raise TrainStepFailure(f"step {step}: gradient norm is {grad_norm} (mini-batch {m}); nothing published")
+            grad_norms.append(grad_norm)
+            lrs.append(lr_now)
+            updates += 1
+            self.updates_done += 1
+        timings["updates_s"] = time.perf_counter() - t0
+
+        keys = list(sums)
+        totals = dict(zip(keys, _all_reduce([sums[k] for k in keys])))
+        total_update_tokens = loss_tokens  # every loss token is in exactly one mini-batch
+        return {
+            "step": step,
+            "loss": totals["loss"] / max(updates, 1),  # mean over updates of each mini-batch's loss
+            "entropy": entropy_sum / loss_tokens,
+            "clip_frac_low": totals["clip_frac_low"] / total_update_tokens,
+            "clip_frac_high": totals["clip_frac_high"] / total_update_tokens,
+            "dual_clip_frac": totals["dual_clip_frac"] / total_update_tokens,
+            "approx_kl": totals["approx_kl"] / total_update_tokens,
+            "tis_weight_mean": totals["tis_weight"] / total_update_tokens if spec.tis_cap is not None else float("nan"),
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "grad_norms": grad_norms,
+            "lr": lrs[-1] if lrs else float("nan"),
+            "tokens": int(loss_tokens),
+            "samples": batch.num_samples,
+            "masked_samples": int(batch.loss_masked.sum()),
+            "updates": updates,
+            "updates_done": self.updates_done,
+            "accumulation_steps": gas,
+            "world_size": W,
+            "logprob_mismatch_mean_abs": abs_delta / max(resp_tokens, 1.0),
+            "logprob_mismatch_max_abs": max_delta,
+            "timings": timings,
+        }
+
+    def probe(self, input_ids: list[list[int]]) -> torch.Tensor:
+        """Logits of the updated policy on ``input_ids`` (equal-length rows), for export tests."""
+        self.engine.eval()
+        with torch.no_grad():
+            ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            return self.engine(input_ids=ids).logits.float().cpu()
+
+    def full_fp32_state(self) -> dict[str, torch.Tensor]:
+        """The full fp32 weights, consolidated on rank 0 (empty dict on other ranks).
+
+        Collective (ZeRO-3 gathers each parameter's partitions): every rank must call it. The
+        optimizer's fp32 master copy is read when there is one (bf16, ZeRO-3); plain fp32
+        ZeRO 1/2 keeps the full updated weights in the module itself.
+        """
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state: dict[str, torch.Tensor] = {}
+        for name, param in self.engine.module.named_parameters():
+            full = safe_get_full_fp32_param(param)
+            if full is None:
+                full = param.detach()
+            if self.rank == 0:
+                state[name] = full.detach().float().cpu().clone()
+        return state
+
+    def save(self, last_step: int) -> dict[str, float]:
+        """Write ds_state/ (all ranks) and the consolidated HF export (rank 0) into out_dir."""
+        from transformers import AutoModelForCausalLM
+
+        spec = self.spec
+        out = Path(spec.out_dir)
+        state_dir = out / DS_STATE_DIR
+        tag = f"step{last_step:06d}"
+        t0 = time.perf_counter()
+        if spec.save_ds_state:
+            self.engine.save_checkpoint(str(state_dir), tag=tag)
+        dist.barrier()
+        timings = {"ds_save_s": time.perf_counter() - t0}
+        t0 = time.perf_counter()
+        state = self.full_fp32_state()
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            # Tied output embeddings appear once among named_parameters (as the input embedding).
+            really_missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+            if really_missing or unexpected:
+                raise TrainStepFailure(f"export: weights missing {really_missing[:5]}, unexpected {unexpected[:5]}")
+            if spec.precision == "bf16":
+                model = model.to(torch.bfloat16)
+            model.save_pretrained(out, safe_serialization=True)
+            _copy_tokenizer_files(Path(spec.parent_checkpoint), out)
+            if spec.save_ds_state:
+                meta = {"tag": tag, "world_size": self.world_size, "zero_stage": spec.zero_stage,
+                        "precision": spec.precision, "updates_done": self.updates_done, "step": last_step}
+                (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        dist.barrier()
+        timings["export_s"] = time.perf_counter() - t0
+        return timings
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tasks.train_worker SPEC.json (launched by torchrun)", file=sys.stderr)
+        return 2
+    torch.set_flush_denormal(True)  # 3-10x slower small models on CPU without it
+    spec = WorkerSpec.from_json(argv[0])
+    t_start = time.perf_counter()
+    import deepspeed
+
+    if torch.cuda.is_available():
+        # One GPU per rank, chosen before NCCL creates its communicators on the current device.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    try:
+        runner = _StepRunner(spec)
+        load_s = time.perf_counter() - t_start
+        results = []
+        for entry in spec.steps:
+            results.append(runner.run_step(int(entry["step"]), list(entry["shards"])))
+        if spec.probe_input_ids is not None:
+            logits = runner.probe(spec.probe_input_ids)
+            if rank == 0 and spec.probe_path:
+                torch.save(logits, spec.probe_path)
+        save_timings = runner.save(int(spec.steps[-1]["step"]))
+        if rank == 0:
+            results[0]["timings"]["load_s"] = load_s
+            results[-1]["timings"].update(save_timings)
+            results[-1]["timings"]["save_export_s"] = sum(save_timings.values())
+            tmp = Path(spec.metrics_path + ".tmp")
+            tmp.write_text(json.dumps(results, indent=2))
+            os.replace(tmp, spec.metrics_path)
+    except Exception as err:  # report, then fail the launch (torchrun stops the other ranks)
+        Path(f"{spec.error_path}.rank{rank}").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

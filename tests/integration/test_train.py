@@ -1,0 +1,368 @@
+"""The training stage end to end: torchrun + DeepSpeed workers on a tiny Qwen2, on CPU (gloo).
+
+Launches are the expensive part (~10-25 s each on 2 cores), so a module-scoped fixture runs each
+distinct configuration once and the tests compare what they produced:
+
+- A: 1 process, micro-batch = whole mini-batch, step 1 (also probes logits for the export test)
+- B: 2 processes, same step                     -> same weights as A (rank split + DeepSpeed averaging)
+- C: 1 process, micro-batch 1, via the Flyte task -> same weights as A (accumulation scaling)
+- D: step 2 from A's published checkpoint, via `dapo train` (optimizer state restored from ds_state/)
+- E: steps 1 and 2 in one engine                -> same weights as D (optimizer state really carried)
+- a plain-torch re-implementation of the step (AdamW, clipping, warm-up)  -> same weights as A
+
+The first DeepSpeed launch on a fresh machine JIT-compiles a shared-memory comm op (~50 s, cached
+under TORCH_EXTENSIONS_DIR / ~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import random_batch, write_scored  # noqa: E402
+
+from dapo_core.losses import policy_loss  # noqa: E402
+from tasks import checkpoints  # noqa: E402
+from tasks import train_batch as tb  # noqa: E402
+from tasks.tiny_policy import build_random_checkpoint  # noqa: E402
+from tasks.train import METRICS_FILE, TrainConfig, TrainStepError, train_step, train_steps  # noqa: E402
+from tasks.train_worker import DS_STATE_DIR, warmup_lr_factor  # noqa: E402
+
+torch.set_flush_denormal(True)
+
+# A warm-up of 4 updates and tight clipping so the LR schedule and clipping both matter.
+CONFIG = TrainConfig(
+    num_processes=1,
+    micro_batch_samples=4,
+    updates_per_step=2,
+    lr=3e-3,
+    weight_decay=0.1,
+    warmup_steps=2,  # = 4 optimizer updates (2 per step)
+    grad_clip_norm=1.0,
+    tis_cap=2.0,  # truncated importance sampling on: the fixture's rollout log-probs are random
+    seed=7,
+)
+ATOL = 2e-5  # fp32: different summation orders only
+
+
+def _weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(folder) / "model.safetensors"))
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def ck0(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A published step-0 checkpoint: random 2-layer, hidden-32 Qwen2 over the tiny vocabulary."""
+    root = tmp_path_factory.mktemp("ck0")
+    return build_random_checkpoint(root / "ck0", seed=0, num_layers=2, hidden_size=32, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
+    root = tmp_path_factory.mktemp("train")
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    # Step 1: 9 kept samples (mini-batches of 5 and 4: ranks and micro-batches get uneven shares),
+    # sample 3 overlong-filtered, plus 2 rows that dynamic sampling dropped.
+    rows1 = random_batch(1, 9, vocab=vocab, masked=(3,))
+    dropped = random_batch(9, 2, vocab=vocab, prefix="dropped")
+    for r in dropped:
+        r.update(kept=False, filter_reason="all_wrong", correct=False, rule_reward=-1.0, reward=-1.0, advantage=0.0)
+    shard1 = write_scored(root / "batch1.parquet", rows1 + dropped)
+    shard2 = write_scored(root / "batch2.parquet", random_batch(2, 8, vocab=vocab))
+    probe = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
+
+    out: dict = {"root": root, "ck0": ck0, "shard1": shard1, "shard2": shard2, "vocab": vocab, "probe": probe}
+    out["A"] = train_steps(ck0, [(1, [shard1])], root / "A1", config=CONFIG, probe_input_ids=probe,
+                           probe_path=root / "probe_A.pt")
+    # 2 ranks x micro-batch 2: mini-batch 0 (5 samples) gives rank 0 three samples (2 micro-batches)
+    # and rank 1 two (1 micro-batch + 1 zero-weight filler).
+    out["B"] = train_step(ck0, [shard1], root / "B1", step=1,
+                          config=replace(CONFIG, num_processes=2, micro_batch_samples=2))
+
+    import flyte
+
+    from tasks.train import train as train_task
+
+    flyte.init()
+    run = flyte.run(train_task, checkpoint_dir=str(ck0), scored_shards=[str(shard1)], out_dir=str(root / "C1"),
+                    step=1, config=replace(CONFIG, micro_batch_samples=1))
+    outputs = run.outputs()
+    out["C"] = json.loads(outputs[0] if isinstance(outputs, tuple) else outputs)
+
+    from workflows.cli import main as dapo_main
+
+    sets = [f"train.{k}={v}" for k, v in (("micro_batch_samples", 4), ("updates_per_step", 2), ("lr", 3e-3),
+                                           ("weight_decay", 0.1), ("warmup_steps", 2), ("tis_cap", 2.0), ("seed", 7))]
+    argv = ["train", str(root / "A1"), str(shard2), "--out", str(root / "D2"), "--step", "2"]
+    out["D_rc"] = dapo_main(argv + [a for s in sets for a in ("--set", s)])
+    out["E"] = train_steps(ck0, [(1, [shard1]), (2, [shard2])], root / "E2", config=CONFIG)
+    return out
+
+
+def test_step_publishes_a_complete_checkpoint(runs: dict) -> None:
+    a = runs["A"]
+    folder = Path(a.checkpoint_dir)
+    info = checkpoints.read_info(folder)
+    assert info.checkpoint_id == a.checkpoint_id and info.step == 1 and info.produced_by == "train"
+    assert info.parent_checkpoint_id == checkpoints.read_info(runs["ck0"]).checkpoint_id
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "generation_config.json", METRICS_FILE, "train_timings.json"):
+        assert (folder / name).is_file(), name
+    assert (folder / DS_STATE_DIR / "latest").is_file()
+    assert not list(folder.parent.glob(".*.staging-*"))
+    m = a.metrics
+    # 11 rows: 2 dropped (kept=False) are excluded, 1 of the 9 kept is overlong-filtered.
+    assert (m["samples"], m["masked_samples"]) == (9, 1)
+    kept = tb.load_rows([runs["shard1"]])
+    assert m["tokens"] == sum(len(r.response_token_ids) for r in kept if not r.loss_masked)
+    assert math.isnan(m["reward_mean"]) and m["time_train_s"] > 0
+    assert m["lr"] == pytest.approx(3e-3 * warmup_lr_factor(1, 4))  # 2nd update of 4 warm-up updates
+    for key in ("load_s", "old_log_probs_s", "updates_s", "save_export_s", "time_train_s"):
+        assert a.timings[key] >= 0, key
+    import schemas
+
+    table = schemas.read_shard(folder / METRICS_FILE, schemas.StepMetrics)
+    assert table.column("checkpoint_id").to_pylist() == [a.checkpoint_id]
+    # The first update starts exactly at pi_old (recomputed by the trainer): no clipping possible
+    # on it, and the ratio drift after 2 updates is small but positive.
+    assert m["approx_kl"] > 0 and m["entropy"] > 0
+    w = a.worker_metrics[0]
+    # Fixture rollout log-probs are random in [-3, 0]: a real mismatch, and TIS weights capped at 2.
+    assert 0 < w["logprob_mismatch_mean_abs"] <= w["logprob_mismatch_max_abs"]
+    assert 0 < w["tis_weight_mean"] <= 2.0
+
+
+def test_rerun_of_a_published_step_returns_it_without_training(runs: dict) -> None:
+    again = train_step(runs["ck0"], [runs["shard1"]], runs["root"] / "A1", step=1, config=CONFIG)
+    assert again.checkpoint_id == runs["A"].checkpoint_id and again.worker_metrics == []  # no launch
+    assert again.metrics["tokens"] == runs["A"].metrics["tokens"]
+    with pytest.raises(TrainStepError, match=r"step 5: .*A1 already holds train-0001-"):
+        train_step(runs["ck0"], [runs["shard1"]], runs["root"] / "A1", step=5, config=CONFIG)
+
+
+def test_two_processes_give_the_same_update(runs: dict) -> None:
+    a, b = runs["A"], runs["B"]
+    assert (b.worker_metrics[0]["world_size"], b.worker_metrics[0]["accumulation_steps"]) == (2, 2)
+    # Grad norms are before clipping: equal only if DeepSpeed's averaging over ranks is undone.
+    assert b.worker_metrics[0]["grad_norms"] == pytest.approx(a.worker_metrics[0]["grad_norms"], rel=1e-5)
+    assert _max_diff(_weights(a.checkpoint_dir), _weights(b.checkpoint_dir)) < ATOL
+    assert b.metrics["loss"] == pytest.approx(a.metrics["loss"], abs=1e-6)
+
+
+def test_micro_batch_size_does_not_change_the_update(runs: dict) -> None:
+    c = runs["C"]
+    assert c["step"] == 1 and c["checkpoint_dir"].endswith("C1")
+    assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(c["checkpoint_dir"])) < ATOL
+    assert c["grad_norm"] == pytest.approx(runs["A"].metrics["grad_norm"], rel=1e-5)
+
+
+def _reference_step(ck0: Path, shard: Path, *, config: TrainConfig, step: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The same step in plain torch: full mini-batch forward, TIS, AdamW, clip, linear warm-up."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ck0, dtype=torch.float32)
+    batch = tb.collate(tb.load_rows([shard]), pad_token_id=int(model.config.pad_token_id))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps,
+                            weight_decay=config.weight_decay)
+    warmup = config.warmup_steps * config.updates_per_step
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: warmup_lr_factor(u, warmup))
+    model.eval()
+    with torch.no_grad():
+        old = tb.token_log_probs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits,
+                                 batch.input_ids)
+    norms = []
+    for mini in tb.mini_batches(batch.num_samples, config.updates_per_step, seed=config.seed + step):
+        mb = tb.select(batch, mini)
+        lp = tb.token_log_probs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long()).logits,
+                                mb.input_ids)
+        old_mb = old[mini][:, : lp.shape[1]]
+        # Truncated importance sampling: per-token weight min(pi_old / pi_rollout, cap) on the loss.
+        tis = torch.clamp(torch.exp(old_mb - mb.rollout_log_probs), max=config.tis_cap)
+        loss, _ = policy_loss(lp, old_mb, mb.advantages * tis, mb.loss_mask)
+        opt.zero_grad()
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip_norm)))
+        opt.step()
+        sched.step()
+    state = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    return state, norms
+
+
+def test_deepspeed_step_matches_a_plain_torch_reference(runs: dict) -> None:
+    ref, norms = _reference_step(runs["ck0"], runs["shard1"], config=CONFIG, step=1)
+    assert runs["A"].worker_metrics[0]["grad_norms"] == pytest.approx(norms, rel=1e-4)
+    got = _weights(runs["A"].checkpoint_dir)
+    assert _max_diff({k: got[k] for k in ref}, ref) < 1e-4
+    assert _max_diff({k: got[k] for k in ref}, _weights(runs["ck0"])) > 1e-3  # it did move
+
+
+def test_optimizer_state_carries_over_through_the_checkpoint(runs: dict) -> None:
+    assert runs["D_rc"] == 0
+    d_dir, e = runs["root"] / "D2", runs["E"]
+    info = checkpoints.read_info(d_dir)
+    assert info.inputs["resumed_optimizer_state"] is True
+    assert info.parent_checkpoint_id == runs["A"].checkpoint_id
+    assert e.worker_metrics[1]["updates_done"] == 4
+    assert _max_diff(_weights(d_dir), _weights(e.checkpoint_dir)) < ATOL
+    # Without the carried state (fresh Adam moments, warm-up restarted) step 2 would differ a lot.
+    assert _max_diff(_weights(d_dir), _weights(runs["A"].checkpoint_dir)) > 1e-3
+
+
+def test_exported_checkpoint_reloads_with_identical_logits(runs: dict) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = runs["A"].checkpoint_dir
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(runs["probe"])).logits
+    engine_logits = torch.load(runs["root"] / "probe_A.pt")
+    assert torch.equal(logits, engine_logits)
+    assert len(AutoTokenizer.from_pretrained(folder)) == runs["vocab"]
+
+
+def _mean_response_log_prob(folder: str | Path, batch: tb.TrainBatch, rows: torch.Tensor) -> float:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        lp = tb.token_log_probs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits,
+                                batch.input_ids)
+    mask = batch.loss_mask & rows[:, None]
+    return float(lp[mask].mean())
+
+
+def test_positive_advantage_samples_become_more_likely(runs: dict) -> None:
+    batch = tb.collate(tb.load_rows([runs["shard1"]]), pad_token_id=0)
+    positive = batch.advantages.max(dim=1).values > 0
+    negative = batch.advantages.min(dim=1).values < 0
+    before_pos = _mean_response_log_prob(runs["ck0"], batch, positive)
+    after_pos = _mean_response_log_prob(runs["A"].checkpoint_dir, batch, positive)
+    before_neg = _mean_response_log_prob(runs["ck0"], batch, negative)
+    after_neg = _mean_response_log_prob(runs["A"].checkpoint_dir, batch, negative)
+    assert after_pos > before_pos + 0.01
+    assert after_neg < before_neg - 0.01
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("empty", "step 3: bad training batch: step 3: empty training batch"),
+        ("all_dropped", "step 3: bad training batch: step 3: empty training batch"),
+        ("all_masked", "all 4 kept samples are loss_masked"),
+        # NaN is refused by the ScoredRollout schema itself (as a null), inf by the batch builder.
+        ("nan_advantage", r"(?s)step 3: bad training batch: .*bad.parquet.*'advantage'"),
+        ("inf_advantage", r"bad.parquet: row 1 \(rollout_id 'r5-1'\): field 'advantage' is inf"),
+        ("positive_log_prob", r"row 2 \(rollout_id 'r5-2'\): field 'rollout_log_probs' has non-finite or positive"),
+    ],
+)
+def test_bad_batches_stop_before_launch_and_publish_nothing(ck0: Path, tmp_path: Path, case: str, match: str) -> None:
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    rows = random_batch(5, 4, vocab=vocab)
+    if case == "empty":
+        rows = []
+    elif case == "all_dropped":
+        for r in rows:
+            r.update(kept=False, filter_reason="all_wrong")
+    elif case == "all_masked":
+        for r in rows:
+            r.update(loss_masked=True)
+    elif case == "nan_advantage":
+        rows[1]["advantage"] = float("nan")
+    elif case == "inf_advantage":
+        rows[1]["advantage"] = float("inf")
+    elif case == "positive_log_prob":
+        rows[2]["rollout_log_probs"][1] = 0.5
+    # Bad values are written as raw Parquet: the schema-validating writer would refuse some.
+    shard = write_scored(tmp_path / "bad.parquet", rows, validate=case in ("empty", "all_dropped", "all_masked"))
+    with pytest.raises(TrainStepError, match=match):
+        train_step(ck0, [shard], tmp_path / "ck3", step=3, config=CONFIG)
+    assert not (tmp_path / "ck3").exists() and not list(tmp_path.glob(".*staging*"))
+
+
+def test_non_finite_loss_stops_the_step_and_publishes_nothing(ck0: Path, tmp_path: Path) -> None:
+    """A diverged parent (a NaN weight) gives a NaN loss inside the workers: clear error, no checkpoint."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "ck_nan"
+    shutil.copytree(ck0, bad)
+    weights = _weights(bad)
+    key = next(k for k in weights if "embed_tokens" in k)
+    weights[key][5, 0] = float("nan")
+    save_file(weights, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(TrainStepError, match=r"step 4: training failed: TrainStepFailure: step 4: loss is not finite"):
+        vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+        shard = write_scored(tmp_path / "batch.parquet", random_batch(1, 4, vocab=vocab))
+        train_step(bad, [shard], tmp_path / "ck4", step=4, config=CONFIG)
+    assert not (tmp_path / "ck4").exists() and not list(tmp_path.glob(".*staging*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_zero_stages_2_and_3_give_the_same_update(runs: dict, tmp_path: Path, zero_stage: int) -> None:
+    res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "ck", step=1,
+                     config=replace(CONFIG, num_processes=2, zero_stage=zero_stage, micro_batch_samples=1))
+    assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(res.checkpoint_dir)) < ATOL
+
+
+@pytest.mark.slow
+def test_bf16_step_exports_a_loadable_bf16_checkpoint(runs: dict, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "ck", step=1, config=replace(CONFIG, precision="bf16"))
+    assert all(v.dtype == torch.bfloat16 for v in _weights(res.checkpoint_dir).values())
+    AutoModelForCausalLM.from_pretrained(res.checkpoint_dir)
+    # bf16 rounding only: the update is close to the fp32 one.
+    assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(res.checkpoint_dir)) < 0.05
+
+
+_VLLM_SCRIPT = """
+import json, os, sys
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1")
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+llm = LLM(model=sys.argv[1], dtype="float32", max_model_len=64, enforce_eager=True)
+ids = json.loads(sys.argv[2])
+out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=0))
+print("PROMPT_LOGPROBS", json.dumps([None if d is None else d[t].logprob for d, t in zip(out[0].prompt_logprobs, ids)]))
+"""
+
+
+@pytest.mark.slow
+def test_exported_checkpoint_loads_in_vllm_with_the_same_log_probs(tmp_path: Path) -> None:
+    """vLLM (CPU build) serves the exported folder and scores tokens like transformers (fp32)."""
+    import subprocess
+
+    from transformers import AutoModelForCausalLM
+
+    pytest.importorskip("vllm")
+    # The tiny default size (head dim 64): vLLM's CPU attention does not take the test model's 16.
+    ck = build_random_checkpoint(tmp_path / "ck0", seed=0)
+    vocab = json.loads((ck / "config.json").read_text())["vocab_size"]
+    shard = write_scored(tmp_path / "b.parquet", random_batch(1, 4, vocab=vocab))
+    res = train_step(ck, [shard], tmp_path / "ck1", step=1, config=replace(CONFIG, updates_per_step=1))
+    ids = [5, 6, 7, 8, 9, 10, 11, 12]
+    proc = subprocess.run([sys.executable, "-c", _VLLM_SCRIPT, res.checkpoint_dir, json.dumps(ids)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("PROMPT_LOGPROBS")), None)
+    assert line is not None, proc.stderr[-3000:]
+    vllm_lp = json.loads(line.split(" ", 1)[1])[1:]  # position 0 has no log-prob
+    model = AutoModelForCausalLM.from_pretrained(res.checkpoint_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hf_lp = tb.token_log_probs(model(input_ids=torch.tensor([ids])).logits, torch.tensor([ids]))[0, 1:]
+    assert torch.allclose(torch.tensor(vllm_lp), hf_lp, atol=1e-3)
