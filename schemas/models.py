@@ -204,7 +204,7 @@ class ScoredRollout(Rollout):
     """True if overlong filtering (sec. 3.4) masks this sample out of the loss."""
     kept: pa.bool_()
     """True if dynamic sampling keeps the sample's group for training."""
-    filter_reason: pa.string() = pdp.Field(isin=["kept", "all_correct", "all_wrong", "surplus"])
+    filter_reason: pa.string() = pdp.Field(isin=["kept", "all_correct", "all_wrong", "zero_reward_std", "surplus"])
     """Why the group was kept or dropped (sec. 3.2: groups with accuracy 0 or 1 are dropped)."""
     reward_version: pa.string() = pdp.Field(str_length=NONEMPTY)
     """Version of the reward code/config that scored it (lineage)."""

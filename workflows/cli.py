@@ -57,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if module is None:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
         return 2
-    return int(module.run_cli(args) or 0)
+    try:
+        return int(module.run_cli(args) or 0)
+    except BrokenPipeError:
+        # Output piped into `head` and the like: stop quietly, as Unix tools do.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

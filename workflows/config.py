@@ -1,0 +1,187 @@
+"""Run configs: YAML files in configs/ loaded into the stage dataclasses, with CLI overrides.
+
+A run config has one section per stage (``curate``, ``bootstrap``, ``rollout``, ``score``,
+``train``, ``evaluate``) plus ``run`` for the driver loop. Each section becomes that stage's
+frozen dataclass, defined beside its task; ``--set section.field=value`` overrides one field
+(the value is parsed as YAML, so ``--set train.lr=3e-4`` is a float). Unknown sections or
+fields, and values of the wrong type, are errors that name the file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A run config is malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """The driver loop (section ``run``): how many steps, how big, and when to evaluate."""
+
+    name: str = "dapo"  # run name; the run folder is <run_root>/<name>
+    data: tuple[str, ...] = ("synthetic:n=2000,seed=0",)  # curation inputs: files, hf:NAME, synthetic:... (@train/@test forces a split)
+    steps: int = 4  # DAPO training steps (each: rollout rounds -> score -> one train task)
+    prompts_per_step: int = 16  # prompts (groups) in one training batch (paper: 512)
+    prompts_per_round: int = 24  # prompts generated per rollout round (paper: 3 x 512 over-sampling)
+    max_rounds: int = 4  # generation rounds per step before giving up (dynamic sampling, sec. 3.2)
+    on_max_rounds: str = "train_on_partial"  # "raise" or "train_on_partial" when rounds run out (score.dynamic_sampling turns the filter on)
+    eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
+    seed: int = 0  # root seed: problem order and every rollout seed derive from it
+
+
+def _stage_classes() -> dict[str, type]:
+    # Imported lazily: the task modules pull in flyte, and `dapo --help` must stay light.
+    from tasks.bootstrap import BootstrapConfig
+    from tasks.curate import CurateConfig
+    from tasks.evaluate import EvalConfig
+    from tasks.rollout import RolloutConfig
+    from tasks.score import ScoreConfig
+    from tasks.train import TrainConfig
+
+    return {
+        "run": DriverConfig,
+        "curate": CurateConfig,
+        "bootstrap": BootstrapConfig,
+        "rollout": RolloutConfig,
+        "score": ScoreConfig,
+        "train": TrainConfig,
+        "evaluate": EvalConfig,
+    }
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every stage's config for one run; built by :func:`load_config`."""
+
+    run: DriverConfig
+    curate: Any
+    bootstrap: Any
+    rollout: Any
+    score: Any
+    train: Any
+    evaluate: Any
+    source: str = ""  # the YAML file it came from (for messages and the run record)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: dataclasses.asdict(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "source"}
+        return out
+
+    def digest(self) -> str:
+        """A short hash of every field: two runs with the same digest compute the same things."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check/convert a YAML value against a dataclass field annotation (a small, strict subset)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {value!r} matches none of {annotation}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: expected a mapping of fields, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from err
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["train.lr=3e-4", "run.steps=2"]`` -> ``{"train": {"lr": 3e-4}, "run": {"steps": 2}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, field = key.strip().partition(".")
+        if not sep or not dot or not section or not field:
+            raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. train.lr=3e-4")
+        out.setdefault(section, {})[field] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overrides: Sequence[str] = ()) -> RunConfig:
+    """Build a RunConfig from ``{section: {field: value}}`` (the YAML's shape, or ``RunConfig.to_dict()``)."""
+    classes = _stage_classes()
+    unknown = sorted(set(sections) - set(classes))
+    if unknown:
+        raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(classes)}")
+    merged = {name: dict(sections.get(name) or {}) for name in classes}
+    for section, fields in parse_overrides(overrides).items():
+        if section not in classes:
+            raise ConfigError(f"--set {section}.…: unknown section {section!r}; known: {sorted(classes)}")
+        merged[section].update(fields)
+    built = {name: _build(cls, merged[name], f"{source}: {name}") for name, cls in classes.items()}
+    return RunConfig(**built, source=source)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config, apply ``--set`` overrides, and build every stage dataclass."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: config file not found") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return config_from_dict(raw, source=str(path), overrides=overrides)

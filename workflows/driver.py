@@ -1,0 +1,199 @@
+"""The driver task: the DAPO loop as plain Python over cached Flyte tasks.
+
+See workflows/pipeline.py for how it is launched. Everything the loop decides (which
+problems a round generates, which groups fill the batch, which are surplus) is a pure function
+of the config and of task outputs, so a re-run replays it exactly over cache hits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import flyte
+import flyte.report
+import pyarrow.compute as pc
+
+import schemas
+from dapo_core.sampling import DynamicSamplingAccumulator
+from infra.environments import cpu_env
+from tasks.batch import assemble_batch
+from tasks.bootstrap import bootstrap
+from tasks.curate import curate
+from tasks.evaluate import evaluate
+from tasks.rollout import rollout
+from tasks.score import group_keys_of, score
+from tasks.train import train
+from workflows.config import RunConfig, config_from_dict
+from workflows.problem_order import draw_problems
+from workflows.report import write_report
+from workflows.run_layout import RunLayout
+from workflows.seeds import derive_seed
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _round_groups(scored_path: str) -> list[tuple[str, str, object]]:
+    """``(group_key, reason, payload)`` per group of a scored round, in first-row order."""
+    table = schemas.read_shard(scored_path, schemas.ScoredRollout)
+    seen: dict[str, str] = {}
+    for key, reason in zip(group_keys_of(table), table.column("filter_reason").to_pylist()):
+        seen.setdefault(key, reason)
+    return [(key, reason, scored_path) for key, reason in seen.items()]
+
+
+def _problem_ids(paths: list[str]) -> list[str]:
+    return schemas.read_shards(paths, schemas.Problem).column("problem_id").to_pylist()
+
+
+def _nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def _sample_responses(batch_path: Path, count: int = 4) -> list[dict[str, Any]]:
+    table = schemas.read_shard(batch_path, schemas.ScoredRollout)
+    cols = ["problem_id", "response_text", "reward", "correct", "filter_reason", "response_length", "finish_reason"]
+    return table.select(cols).slice(0, count).to_pylist()
+
+
+async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
+    text = await evaluate.aio(checkpoint, test_paths, str(layout.eval_shard(step)), step, cfg.evaluate, cfg.rollout)
+    return {"step": step, **json.loads(text)}
+
+
+@cpu_env.task(report=True)
+async def dapo_pipeline(config_json: str, run_dir: str) -> str:
+    """Run or resume the DAPO pipeline into ``run_dir``; returns ``summary.json``'s content."""
+    started = time.perf_counter()
+    cfg = config_from_dict(json.loads(config_json), source="dapo_pipeline input")
+    layout = RunLayout(Path(run_dir))
+    drv = cfg.run
+    _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
+
+    # 1. curate
+    curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
+    train_paths = sorted(str(p) for p in layout.problems_dir.glob("train-*.parquet"))
+    test_paths = sorted(str(p) for p in layout.problems_dir.glob("test-*.parquet"))
+    if not train_paths or not test_paths:
+        raise RuntimeError(
+            f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
+            "give curate.test_fraction > 0 or inputs marked @train/@test"
+        )
+    train_ids = _problem_ids(train_paths)
+
+    # 2. the step-0 policy, and its held-out accuracy
+    checkpoint = await bootstrap.aio(train_paths, test_paths, str(layout.checkpoint(0)), cfg.bootstrap)
+    evals = [await _evaluate(cfg, layout, checkpoint, test_paths, 0)]
+
+    cursor = 0
+    carried: list[tuple[str, object]] = []
+    metrics_rows: list[dict[str, Any]] = []
+    step_seconds: list[float] = []
+    for step in range(1, drv.steps + 1):
+        step_started = time.perf_counter()
+        acc = DynamicSamplingAccumulator(
+            target_groups=drv.prompts_per_step, max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds,
+            carried=carried,
+        )
+        scored_paths = sorted({str(p) for _, p in carried})
+        rollout_s = score_s = 0.0
+        timeouts = errors = 0
+        round_stats: list[dict[str, Any]] = []
+        while acc.needs_more():
+            rnd = acc.rounds
+            ids = draw_problems(train_ids, seed=drv.seed, start=cursor, count=drv.prompts_per_round)
+            cursor += len(ids)
+            rollout_path = str(layout.rollout_shard(step, rnd))
+            t = time.perf_counter()
+            await rollout.aio(
+                checkpoint, train_paths, ids, rollout_path, cfg.rollout,
+                derive_seed(drv.seed, "rollout", step, rnd), step - 1, rnd,
+            )
+            rollout_s += time.perf_counter() - t
+            scored_path = str(layout.scored_shard(step, rnd))
+            t = time.perf_counter()
+            stats = json.loads(
+                await score.aio([rollout_path], train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score)
+            )
+            score_s += time.perf_counter() - t
+            timeouts += stats["verdict_timeouts"]
+            errors += stats["verdict_errors"]
+            round_stats.append(stats)
+            scored_paths.append(scored_path)
+            acc.add_round(_round_groups(scored_path))
+        result = acc.finish()
+        carried = list(result.surplus)
+        await assemble_batch.aio(
+            scored_paths, [g for g, _ in result.kept], [g for g, _ in result.surplus],
+            str(layout.batch_shard(step)), str(layout.surplus_shard(step)),
+        )
+        t = time.perf_counter()
+        trained = json.loads(
+            await train.aio(checkpoint, [str(layout.batch_shard(step))], str(layout.checkpoint(step)), step, cfg.train)
+        )
+        train_s = time.perf_counter() - t
+        checkpoint = trained["checkpoint_dir"]
+
+        batch = schemas.read_shard(layout.batch_shard(step), schemas.ScoredRollout)
+        row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
+        row.update(
+            step=step,
+            reward_mean=float(pc.mean(batch.column("reward")).as_py()),
+            accuracy=sum(s["accuracy"] * s["samples"] for s in round_stats) / max(1, sum(s["samples"] for s in round_stats)),
+            response_length_mean=float(pc.mean(batch.column("response_length")).as_py()),
+            truncation_ratio=sum(s["truncation_ratio"] * s["samples"] for s in round_stats) / max(1, sum(s["samples"] for s in round_stats)),
+            generation_rounds=result.rounds,
+            verdict_timeouts=timeouts,
+            verdict_errors=errors,
+            time_rollout_s=rollout_s,
+            time_score_s=score_s,
+            time_train_s=train_s,
+        )
+        schemas.write_shard([row], layout.metrics_shard(step), schemas.StepMetrics)
+        metrics_rows.append(_nan_to_none(row))
+        step_seconds.append(time.perf_counter() - step_started)
+        print(
+            f"[step {step}/{drv.steps}] rounds={result.rounds} batch={batch.num_rows} samples "
+            f"acc={row['accuracy']:.3f} reward={row['reward_mean']:.3f} entropy={row.get('entropy', float('nan')):.3f} "
+            f"({step_seconds[-1]:.1f} s)",
+            flush=True,
+        )
+        if drv.eval_every_steps and step % drv.eval_every_steps == 0 and step != drv.steps:
+            evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, step))
+
+    if drv.steps > 0:
+        evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, drv.steps))
+
+    summary = {
+        "run_dir": str(layout.root),
+        "config": cfg.source,
+        "config_digest": cfg.digest(),
+        "steps": drv.steps,
+        "accuracy_before": evals[0]["avg_at_k"],
+        "accuracy_after": evals[-1]["avg_at_k"],
+        "pass_at_k_before": evals[0]["pass_at_k"],
+        "pass_at_k_after": evals[-1]["pass_at_k"],
+        "eval_problems": evals[0]["problems"],
+        "eval_k": evals[0]["k"],
+        "final_checkpoint": checkpoint,
+        "problems_train": curated.kept_by_split.get("train", 0),
+        "problems_test": curated.kept_by_split.get("test", 0),
+        "wall_seconds": round(time.perf_counter() - started, 2),
+        "step_seconds": [round(s, 2) for s in step_seconds],
+    }
+    samples = _sample_responses(layout.batch_shard(drv.steps)) if drv.steps > 0 else []
+    page = write_report(
+        layout.report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
+    )
+    await flyte.report.replace.aio(page.read_text(encoding="utf-8"), do_flush=True)
+    _write_json(layout.summary, summary)
+    return json.dumps(summary, sort_keys=True)

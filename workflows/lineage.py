@@ -1,0 +1,224 @@
+"""Lineage: where a training sample or a checkpoint came from, read from a run folder.
+
+For a sample (a ``rollout_id``): its problem and source row, the checkpoint and seed that
+generated it, the reward verdict and the reward code's version, the dynamic-sampling decision,
+and the step that trained on it (and the checkpoint that step produced). For a checkpoint:
+its ancestors back to step 0, and for each training step the batch, the rounds and the
+metrics that produced it. Everything is read from the shards the stages wrote; nothing is
+inferred from names alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+
+import schemas
+from tasks import checkpoints
+from workflows.run_layout import RunLayout
+
+
+class LineageError(LookupError):
+    """The run folder does not hold what was asked for (the message says where it looked)."""
+
+
+def _find_row(paths: list[Path], model: type, column: str, value: str) -> tuple[Path, dict[str, Any]] | None:
+    for path in paths:
+        table = schemas.read_shard(path, model)
+        hits = pc.equal(table.column(column), value)
+        if pc.any(hits).as_py():
+            return path, table.filter(hits).slice(0, 1).to_pylist()[0]
+    return None
+
+
+def _step_of(path: Path) -> int:
+    for part in path.parts:
+        if part.startswith("step-"):
+            return int(part.removeprefix("step-"))
+    raise LineageError(f"{path}: not inside a steps/step-NNNN folder")
+
+
+def _checkpoint_dirs(layout: RunLayout) -> list[Path]:
+    return sorted(p for p in layout.checkpoints_dir.glob("step-*") if checkpoints.is_complete(p))
+
+
+def checkpoint_by_id(layout: RunLayout, checkpoint_id: str) -> Path:
+    """The folder of checkpoint ``checkpoint_id`` (or of ``step-N`` / an int step) in the run."""
+    for folder in _checkpoint_dirs(layout):
+        info = checkpoints.read_info(folder)
+        if checkpoint_id in (info.checkpoint_id, folder.name, str(info.step)):
+            return folder
+    known = [checkpoints.read_info(f).checkpoint_id for f in _checkpoint_dirs(layout)]
+    raise LineageError(f"{layout.checkpoints_dir}: no checkpoint {checkpoint_id!r}; known: {known}")
+
+
+def sample_lineage(layout: RunLayout, rollout_id: str) -> dict[str, Any]:
+    """Everything recorded about one sample; raises LineageError when it is not in the run."""
+    scored_paths = sorted(layout.root.glob("steps/step-*/scored/*.parquet"))
+    hit = _find_row(scored_paths, schemas.ScoredRollout, "rollout_id", rollout_id)
+    if hit is None:
+        raise LineageError(f"{layout.root}: no sample with rollout_id {rollout_id!r} in {len(scored_paths)} scored shards")
+    scored_path, row = hit
+    problem_hit = _find_row(sorted(layout.problems_dir.glob("*.parquet")), schemas.Problem, "problem_id", row["problem_id"])
+    if problem_hit is None:
+        raise LineageError(f"{layout.problems_dir}: problem {row['problem_id']} of sample {rollout_id} not found")
+    problem_path, problem = problem_hit
+
+    trained_step = None
+    surplus_at = []
+    for batch in sorted(layout.root.glob("steps/step-*/batch.parquet")):
+        if _find_row([batch], schemas.ScoredRollout, "rollout_id", rollout_id):
+            trained_step = _step_of(batch)
+    for surplus in sorted(layout.root.glob("steps/step-*/surplus.parquet")):
+        if _find_row([surplus], schemas.ScoredRollout, "rollout_id", rollout_id):
+            surplus_at.append(_step_of(surplus))
+    if trained_step is not None:
+        decision = f"trained at step {trained_step}" + (f" (carried as surplus from step {surplus_at[0]})" if surplus_at else "")
+    elif surplus_at:
+        decision = f"surplus at step {surplus_at[-1]}, not yet trained on"
+    else:
+        decision = f"filtered out: {row['filter_reason']}"
+    produced = None
+    if trained_step is not None:
+        folder = layout.checkpoint(trained_step)
+        if checkpoints.is_complete(folder):
+            produced = checkpoints.read_info(folder).checkpoint_id
+    generated_by = None
+    for folder in _checkpoint_dirs(layout):
+        if checkpoints.read_info(folder).checkpoint_id == row["checkpoint_id"]:
+            generated_by = str(folder)
+    return {
+        "sample": {
+            "rollout_id": rollout_id,
+            "sample_index": row["sample_index"],
+            "response_text": row["response_text"],
+            "response_length": row["response_length"],
+            "finish_reason": row["finish_reason"],
+        },
+        "problem": {
+            "problem_id": problem["problem_id"],
+            "source": problem["source"],
+            "source_row": problem["source_row"],
+            "split": problem["split"],
+            "problem": problem["problem"],
+            "answer": problem["answer"],
+            "original_answer": problem["original_answer"],
+            "shard": str(problem_path),
+        },
+        "generation": {
+            "checkpoint_id": row["checkpoint_id"],
+            "checkpoint_dir": generated_by,
+            "policy_version": row["policy_version"],
+            "seed": row["seed"],
+            "generation_round": row["generation_round"],
+            "step": _step_of(scored_path),
+            "rollout_shard": str(scored_path).replace("/scored/", "/rollouts/"),
+        },
+        "reward": {
+            "verdict_status": row["verdict_status"],
+            "extracted_answer": row["extracted_answer"],
+            "correct": row["correct"],
+            "rule_reward": row["rule_reward"],
+            "overlong_penalty": row["overlong_penalty"],
+            "reward": row["reward"],
+            "advantage": row["advantage"],
+            "reward_version": row["reward_version"],
+            "scored_shard": str(scored_path),
+        },
+        "filter": {
+            "group_decision": row["filter_reason"],
+            "loss_masked": row["loss_masked"],
+            "final": decision,
+        },
+        "trained": {"step": trained_step, "produced_checkpoint": produced},
+    }
+
+
+def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
+    """A checkpoint's ancestors and, per training step, the data and metrics that made it."""
+    folder = checkpoint_by_id(layout, checkpoint)
+    chain = []
+    while True:
+        info = checkpoints.read_info(folder)
+        entry: dict[str, Any] = {
+            "checkpoint_id": info.checkpoint_id,
+            "folder": str(folder),
+            "step": info.step,
+            "produced_by": info.produced_by,
+            "parent_checkpoint_id": info.parent_checkpoint_id,
+        }
+        if info.step > 0:
+            batch_path = layout.batch_shard(info.step)
+            if batch_path.exists():
+                batch = schemas.read_shard(batch_path, schemas.ScoredRollout)
+                entry["batch"] = {
+                    "shard": str(batch_path),
+                    "samples": batch.num_rows,
+                    "problems": len(set(batch.column("problem_id").to_pylist())),
+                    "generated_by": sorted(set(batch.column("checkpoint_id").to_pylist())),
+                    "reward_versions": sorted(set(batch.column("reward_version").to_pylist())),
+                    "rounds": sorted(str(p) for p in layout.step_dir(info.step).glob("scored/*.parquet")),
+                }
+            metrics_path = layout.metrics_shard(info.step)
+            if metrics_path.exists():
+                entry["metrics"] = schemas.read_shard(metrics_path, schemas.StepMetrics).to_pylist()[0]
+        else:
+            entry["inputs"] = {k: v for k, v in info.inputs.items() if k != "warmup"}
+        chain.append(entry)
+        if info.parent_checkpoint_id is None:
+            break
+        folder = checkpoint_by_id(layout, info.parent_checkpoint_id)
+    return {"checkpoint": chain[0]["checkpoint_id"], "ancestry": chain}
+
+
+def trained_samples(layout: RunLayout, step: int) -> list[str]:
+    """The rollout ids step ``step`` trained on."""
+    path = layout.batch_shard(step)
+    if not path.exists():
+        raise LineageError(f"{path}: step {step} has no batch (not run yet?)")
+    return schemas.read_shard(path, schemas.ScoredRollout).column("rollout_id").to_pylist()
+
+
+def resolve_run(run: str, run_root: str) -> RunLayout:
+    """A run folder given as a path, or as a name under ``run_root``."""
+    for candidate in (Path(run), Path(run_root) / run):
+        if (candidate / "run.json").is_file():
+            return RunLayout(candidate.resolve())
+    raise LineageError(f"{run!r}: not a run folder (no run.json here or under {run_root}/)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run folder, or a run name under --run-root")
+    parser.add_argument("--run-root", default="runs", help="where run names are looked up (default: %(default)s)")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--sample", metavar="ROLLOUT_ID", help="trace one sample")
+    what.add_argument("--checkpoint", metavar="ID", help="trace a checkpoint (its id, step-N, or the step number)")
+    what.add_argument("--step", type=int, metavar="N", help="list the sample ids step N trained on")
+
+
+def _print(payload: Any) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=False, default=str))
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    try:
+        layout = resolve_run(args.run, args.run_root)
+        if args.sample:
+            _print(sample_lineage(layout, args.sample))
+        elif args.checkpoint is not None:
+            _print(checkpoint_lineage(layout, args.checkpoint))
+        else:
+            for rollout_id in trained_samples(layout, args.step):
+                print(rollout_id)
+    except LineageError as err:
+        print(f"dapo lineage: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["sample_lineage", "checkpoint_lineage", "trained_samples", "resolve_run", "LineageError"]
