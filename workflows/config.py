@@ -121,6 +121,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if annotation is float:
+        if isinstance(value, str):
+            # PyYAML (YAML 1.1) reads "3e-4" as a string; accept what Python reads as a float.
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

@@ -22,6 +22,7 @@ import schemas
 from dapo_core.sampling import DynamicSamplingAccumulator
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
+from tasks import checkpoints
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
@@ -70,14 +71,49 @@ async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_pat
     return {"step": step, **json.loads(text)}
 
 
+def _step_row(
+    trained: dict[str, Any],
+    batch: Any,
+    round_stats: list[dict[str, Any]],
+    rounds: int,
+    rollout_s: float,
+    score_s: float,
+    train_s: float,
+) -> dict[str, Any]:
+    """The StepMetrics row: the train task's columns plus what rollout and scoring measured."""
+    samples = max(1, sum(s["samples"] for s in round_stats))
+    row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
+    row.update(
+        reward_mean=float(pc.mean(batch.column("reward")).as_py()),
+        accuracy=sum(s["accuracy"] * s["samples"] for s in round_stats) / samples,
+        response_length_mean=float(pc.mean(batch.column("response_length")).as_py()),
+        truncation_ratio=sum(s["truncation_ratio"] * s["samples"] for s in round_stats) / samples,
+        generation_rounds=rounds,
+        verdict_timeouts=sum(s["verdict_timeouts"] for s in round_stats),
+        verdict_errors=sum(s["verdict_errors"] for s in round_stats),
+        time_rollout_s=rollout_s,
+        time_score_s=score_s,
+        time_train_s=train_s,
+    )
+    return row
+
+
 @cpu_env.task(report=True)
-async def dapo_pipeline(config_json: str, run_dir: str) -> str:
-    """Run or resume the DAPO pipeline into ``run_dir``; returns ``summary.json``'s content."""
+async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "") -> str:
+    """Run or resume the DAPO pipeline into ``run_dir``; returns ``summary.json``'s content.
+
+    ``config_json`` is ``RunConfig.to_dict()`` as JSON; ``config_source`` names the YAML it came
+    from (recorded only).
+    """
     started = time.perf_counter()
-    cfg = config_from_dict(json.loads(config_json), source="dapo_pipeline input")
+    cfg = config_from_dict(json.loads(config_json), source=config_source or "dapo_pipeline input")
     layout = RunLayout(Path(run_dir))
     drv = cfg.run
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
+    # A killed earlier invocation may have left half-built checkpoints under hidden staging
+    # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
+    # per run folder at a time.
+    checkpoints.clean_stale_staging(layout.checkpoints_dir)
 
     # 1. curate
     curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
@@ -106,7 +142,6 @@ async def dapo_pipeline(config_json: str, run_dir: str) -> str:
         )
         scored_paths = sorted({str(p) for _, p in carried})
         rollout_s = score_s = 0.0
-        timeouts = errors = 0
         round_stats: list[dict[str, Any]] = []
         while acc.needs_more():
             rnd = acc.rounds
@@ -125,8 +160,6 @@ async def dapo_pipeline(config_json: str, run_dir: str) -> str:
                 await score.aio([rollout_path], train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score)
             )
             score_s += time.perf_counter() - t
-            timeouts += stats["verdict_timeouts"]
-            errors += stats["verdict_errors"]
             round_stats.append(stats)
             scored_paths.append(scored_path)
             acc.add_round(_round_groups(scored_path))
@@ -144,26 +177,18 @@ async def dapo_pipeline(config_json: str, run_dir: str) -> str:
         checkpoint = trained["checkpoint_dir"]
 
         batch = schemas.read_shard(layout.batch_shard(step), schemas.ScoredRollout)
-        row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
-        row.update(
-            step=step,
-            reward_mean=float(pc.mean(batch.column("reward")).as_py()),
-            accuracy=sum(s["accuracy"] * s["samples"] for s in round_stats) / max(1, sum(s["samples"] for s in round_stats)),
-            response_length_mean=float(pc.mean(batch.column("response_length")).as_py()),
-            truncation_ratio=sum(s["truncation_ratio"] * s["samples"] for s in round_stats) / max(1, sum(s["samples"] for s in round_stats)),
-            generation_rounds=result.rounds,
-            verdict_timeouts=timeouts,
-            verdict_errors=errors,
-            time_rollout_s=rollout_s,
-            time_score_s=score_s,
-            time_train_s=train_s,
-        )
-        schemas.write_shard([row], layout.metrics_shard(step), schemas.StepMetrics)
+        if layout.metrics_shard(step).exists():
+            # Written when this step first finished; a re-run (all cache hits) must not replace
+            # its measured stage timings with the near-zero time of cache lookups.
+            row = schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0]
+        else:
+            row = _step_row(trained, batch, round_stats, result.rounds, rollout_s, score_s, train_s)
+            schemas.write_shard([row], layout.metrics_shard(step), schemas.StepMetrics)
         metrics_rows.append(_nan_to_none(row))
         step_seconds.append(time.perf_counter() - step_started)
         print(
             f"[step {step}/{drv.steps}] rounds={result.rounds} batch={batch.num_rows} samples "
-            f"acc={row['accuracy']:.3f} reward={row['reward_mean']:.3f} entropy={row.get('entropy', float('nan')):.3f} "
+            f"acc={row['accuracy']:.3f} reward={row['reward_mean']:.3f} entropy={row['entropy']:.3f} "
             f"({step_seconds[-1]:.1f} s)",
             flush=True,
         )

@@ -73,7 +73,10 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     layout.root.mkdir(parents=True, exist_ok=True)
     init_flyte_for_run(layout)
     run = flyte.with_runcontext(mode="local").run(
-        dapo_pipeline, config_json=json.dumps(config.to_dict(), sort_keys=True), run_dir=str(layout.root)
+        dapo_pipeline,
+        config_json=json.dumps(config.to_dict(), sort_keys=True),
+        run_dir=str(layout.root),
+        config_source=config.source,
     )
     run.wait()
     summary_text = run.outputs()[0] if isinstance(run.outputs(), tuple) else run.outputs()

@@ -1,0 +1,56 @@
+"""Read Flyte's local run records of a run folder (which tasks ran, which were cache hits).
+
+``dapo run`` points Flyte's local persistence at ``<run>/flyte/`` (see workflows/pipeline.py),
+so every invocation's actions, timings and cache hits are recorded there; ``flyte start tui``
+browses the same records. This module reads them for the summary and for tests.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from workflows.run_layout import RunLayout
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """One task execution (or cache hit) of one Flyte run."""
+
+    run_name: str
+    task_name: str  # "<environment>.<function>", e.g. "dapo-train.train"
+    status: str
+    cache_enabled: bool
+    cache_hit: bool
+    start_time: float
+    seconds: float
+
+
+def action_records(layout: RunLayout) -> list[ActionRecord]:
+    """Every recorded action of every Flyte run in this run folder, oldest first."""
+    db = layout.flyte_dir / "local-cache" / "cache.db"
+    if not db.is_file():
+        return []
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute(
+            "SELECT run_name, task_name, status, cache_enabled, cache_hit, start_time, end_time "
+            "FROM runs WHERE task_name IS NOT NULL ORDER BY start_time"
+        ).fetchall()
+    return [
+        ActionRecord(run, task, status, bool(enabled), bool(hit), start or 0.0, max(0.0, (end or 0.0) - (start or 0.0)))
+        for run, task, status, enabled, hit, start, end in rows
+    ]
+
+
+def flyte_runs(layout: RunLayout) -> list[str]:
+    """Names of the Flyte runs recorded in this run folder, oldest first."""
+    names: list[str] = []
+    for record in action_records(layout):
+        if record.run_name not in names:
+            names.append(record.run_name)
+    return names
+
+
+def db_path(layout: RunLayout) -> Path:
+    return layout.flyte_dir / "local-cache" / "cache.db"
