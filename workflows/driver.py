@@ -216,9 +216,10 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
         "step_seconds": [round(s, 2) for s in step_seconds],
     }
     samples = _sample_responses(layout.batch_shard(drv.steps)) if drv.steps > 0 else []
-    page = write_report(
+    page, inline_page = write_report(
         layout.report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
     )
-    await flyte.report.replace.aio(page.read_text(encoding="utf-8"), do_flush=True)
+    summary["report"] = str(page)
+    await flyte.report.replace.aio(inline_page, do_flush=True)
     _write_json(layout.summary, summary)
     return json.dumps(summary, sort_keys=True)

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +89,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT, help="folder holding run folders (default: %(default)s)")
 
 
+def format_summary(summary: dict[str, Any]) -> str:
+    """The one-screen summary printed at the end of ``dapo run``."""
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    lines = [
+        "",
+        f"DAPO run {Path(summary['run_dir']).name}  ({summary['config']}, digest {summary['config_digest']})",
+        f"  held-out avg@{summary['eval_k']} on {summary['eval_problems']} problems: "
+        f"{before:.1%} -> {after:.1%}  ({(after - before) * 100:+.1f} points)",
+        f"  pass@{summary['eval_k']}: {summary['pass_at_k_before']:.1%} -> {summary['pass_at_k_after']:.1%}",
+        f"  steps: {summary['steps']}   wall time: {summary['wall_seconds']:.1f} s"
+        + (f"   (step mean {sum(summary['step_seconds']) / len(summary['step_seconds']):.1f} s)" if summary["step_seconds"] else ""),
+        f"  final checkpoint: {summary['final_checkpoint']}",
+        f"  run folder: {summary['run_dir']}  (summary.json, report/index.html)",
+        f"  lineage: dapo lineage {summary['run_dir']} --step {summary['steps']} | head -1",
+    ]
+    return "\n".join(lines)
+
+
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
-    start = time.perf_counter()
     summary = run_pipeline(config, args.run_root)
-    print(json.dumps(summary, indent=2, sort_keys=True))
-    print(f"run folder: {summary.get('run_dir')}  ({time.perf_counter() - start:.1f} s)")
+    print(format_summary(summary))
     return 0
 

@@ -9,6 +9,7 @@ report of the driver task.
 
 from __future__ import annotations
 
+import base64
 import html
 import math
 from pathlib import Path
@@ -92,8 +93,10 @@ def render_html(
     evals: list[dict[str, Any]],
     samples: list[dict[str, Any]],
     plot_files: list[Path],
+    inline_images: bool = False,
 ) -> str:
-    """The report page; images are referenced by file name (they sit beside index.html)."""
+    """The report page. Images are referenced by file name (they sit beside index.html), or
+    embedded as data URIs with ``inline_images`` (for the Flyte report, which is one file)."""
     style = (
         "body{font-family:sans-serif;margin:1.5em;max-width:1100px}"
         "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}"
@@ -102,7 +105,12 @@ def render_html(
     parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>"]
     parts.append(f"<h1>{html.escape(title)}</h1>")
     parts.append("<h2>Summary</h2>" + _table([summary], list(summary)))
-    parts.append("<h2>Plots</h2>" + "".join(f"<img src='{p.name}' width='440'>" for p in plot_files))
+    def src(path: Path) -> str:
+        if inline_images:
+            return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+        return path.name
+
+    parts.append("<h2>Plots</h2>" + "".join(f"<img src='{src(p)}' width='440'>" for p in plot_files))
     metric_cols = [
         "step", "reward_mean", "accuracy", "entropy", "response_length_mean", "truncation_ratio",
         "clip_frac_low", "clip_frac_high", "grad_norm", "lr", "generation_rounds", "verdict_timeouts",
@@ -132,14 +140,15 @@ def write_report(
     metrics: list[dict[str, Any]],
     evals: list[dict[str, Any]],
     samples: list[dict[str, Any]],
-) -> Path:
-    """Write the PNGs and ``index.html`` (atomically: temp file then rename); returns the page."""
+) -> tuple[Path, str]:
+    """Write the PNGs and ``index.html`` (atomically: temp file then rename).
+
+    Returns the page's path and a self-contained copy of it (images inlined) for the Flyte report.
+    """
     plot_files = write_plots(metrics, evals, out_dir)
-    page = render_html(
-        title=title, summary=summary, metrics=metrics, evals=evals, samples=samples, plot_files=plot_files
-    )
+    common = dict(title=title, summary=summary, metrics=metrics, evals=evals, samples=samples, plot_files=plot_files)
     target = out_dir / "index.html"
     tmp = out_dir / ".index.html.tmp"
-    tmp.write_text(page, encoding="utf-8")
+    tmp.write_text(render_html(**common), encoding="utf-8")
     tmp.replace(target)
-    return target
+    return target, render_html(**common, inline_images=True)
