@@ -11,6 +11,12 @@ publishes what the workers wrote into a staging folder:
 - ``train_metrics.parquet`` (one StepMetrics row) and ``train_timings.json`` (load, old
   log-probs, updates, save/export, launch overhead).
 
+By default (``keep_workers_warm``) the workers outlive the step: the first step of a process
+starts them in serve mode and later steps send them requests (``tasks/train_server.py``), which
+saves process start, imports and, when the parent is the group's own last published output,
+the engine reload. A warm step gives exactly the cold step's result (the engine continues from
+memory only when that equals reloading the parent) and publishes the same full checkpoint.
+
 The batch is checked before any process starts (empty batch, every sample overlong-filtered,
 non-finite advantages or log-probs: ``TrainStepError`` naming the step, file and row). Non-finite
 losses or gradients stop the workers. Nothing from a failed step is published: the staging folder
@@ -20,15 +26,16 @@ is removed and the checkpoint folder never appears (tasks/checkpoints.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +44,7 @@ from typing import Any
 from infra.environments import stage_cache, train_env
 from tasks import checkpoints
 from tasks import train_batch as tb
+from tasks import train_server
 from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +78,10 @@ class TrainConfig:
     seed: int = 0  # mini-batch shuffling (with the step number added)
     resume_optimizer: bool = True  # continue the parent's DeepSpeed optimizer state when it has one
     keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume)
-    timeout_s: float = 3600.0  # wall-clock limit of one launch
+    timeout_s: float = 3600.0  # wall-clock limit of one launch (warm: of one request, group start included)
+    # Keep the DeepSpeed worker group alive between steps of this process (tasks/train_server.py):
+    # saves process start + engine construction per step, same results; False = one launch per step.
+    keep_workers_warm: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -126,18 +137,17 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
            "-m", "tasks.train_worker", str(spec_path)]
     with log_path.open("w") as log:
-        # Own session: on timeout the whole group (torchrun and every rank) is killed, none orphaned.
+        # Own session, and on timeout torchrun and every rank (each in a session of its own) are
+        # killed: none orphaned (train_server.kill_tree).
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_worker_env(num_processes), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired as err:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            train_server.kill_tree(proc)
             raise TrainStepError(f"step {step}: training workers ran past {timeout_s} s (nothing published)") from err
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            train_server.kill_tree(proc)
             raise
     if proc.returncode != 0:
         errors = sorted(work_dir.glob("error.txt.rank*"))
@@ -146,6 +156,64 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
             raise TrainStepError(f"step {step}: training failed: {first_line} (nothing published)")
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
         raise TrainStepError(f"step {step}: training workers exited with {proc.returncode} (nothing published):\n{tail}")
+
+
+# Spec fields that change from request to request; all others are baked into a warm group's engine.
+_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "steps", "out_dir", "probe_input_ids", "probe_path")
+# TrainConfig fields that do not shape the engine (a change must not restart a warm group).
+_NOT_ENGINE_FIELDS = ("timeout_s", "keep_workers_warm")
+
+
+def _group_key(config: TrainConfig, env: dict[str, str]) -> str:
+    """Everything a warm group's engine is built from: another key needs another group."""
+    engine = {k: v for k, v in asdict(config).items() if k not in _NOT_ENGINE_FIELDS}
+    launch = {k: env.get(k) for k in ("OMP_NUM_THREADS", "DS_ACCELERATOR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    return json.dumps({"config": engine, "env": launch, "python": sys.executable}, sort_keys=True)
+
+
+def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: TrainConfig, step: int,
+              parent_id: str, resume: bool
+              ) -> tuple[list[dict[str, Any]], dict[str, float], train_server.WorkerGroup | None]:
+    """Run the request on this process's warm group (started if needed); call with the lock held.
+
+    Returns (worker metrics, extra timings, the group or None when the step fell back to a cold
+    launch). A group that is dead or hung before it ran the step is replaced by a cold launch of
+    the step, with a warning; a failure of the step itself is a TrainStepError as in the cold path.
+    """
+    env = _worker_env(config.num_processes)
+    engine_spec = {k: v for k, v in spec.items() if k not in ("metrics_path", "error_path")}
+    request = {k: spec[k] for k in _REQUEST_FIELDS}
+    group: train_server.WorkerGroup | None = None
+    try:
+        group, started = train_server.acquire(key=_group_key(config, env), num_processes=config.num_processes,
+                                              engine_spec=engine_spec, env=env)
+        # Continue from memory only if a cold launch would load exactly that state: the parent is
+        # what this group last published, and its optimizer state is resumed (not a fresh one).
+        continue_ok = not started and resume and group.last_checkpoint_id == parent_id
+        group.last_checkpoint_id = None  # until this step's output is published
+        metrics = group.submit(request, continue_in_memory=continue_ok, timeout_s=config.timeout_s)
+    except train_server.GroupUnavailable as err:
+        warnings.warn(f"step {step}: {err}; running this step with a cold launch", RuntimeWarning, stacklevel=3)
+        if group is not None:
+            train_server.discard(group)
+        shutil.rmtree(staging, ignore_errors=True)  # whatever the dead group half-wrote
+        staging.mkdir()
+        _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=step)
+        return json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0, "warm_fallback": 1.0}, None
+    except train_server.GroupStepFailed as err:
+        train_server.discard(group)
+        raise TrainStepError(f"step {step}: training failed: {err} (nothing published)") from err
+    except train_server.GroupTimeout as err:
+        train_server.discard(group)
+        raise TrainStepError(f"step {step}: training workers ran past {config.timeout_s} s (nothing published)") from err
+    except BaseException:
+        if group is not None:
+            train_server.discard(group)  # e.g. KeyboardInterrupt mid-step: the engine state is unknown
+        raise
+    extra = {"warm_group": 1.0, "warm_fallback": 0.0, "group_started": float(started),
+             "group_start_s": group.start_s if started else 0.0,
+             "continued_in_memory": float(bool(metrics[0].get("continued_in_memory")))}
+    return metrics, extra, group
 
 
 def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dict[str, Any], time_train_s: float) -> dict[str, Any]:
@@ -277,42 +345,60 @@ def train_steps(
             "probe_input_ids": probe_input_ids,
             "probe_path": str(probe_path) if probe_path is not None else None,
         }
-        t_launch = time.perf_counter()
-        _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
-        launch_s = time.perf_counter() - t_launch
-        worker_metrics = json.loads((work_dir / "metrics.json").read_text())
-
-        t_publish = time.perf_counter()
-        checkpoint_id = checkpoints.make_checkpoint_id("train", last_step, staging)
-        timings = {k: float(v) for m in worker_metrics for k, v in m["timings"].items()}
-        timings["launch_s"] = launch_s
-        timings["launch_overhead_s"] = launch_s - sum(
-            timings.get(k, 0.0) for k in ("load_s", "batch_s", "old_log_probs_s", "updates_s", "save_export_s")
-        )
-        row = _step_metrics_row(last_step, checkpoint_id, parent.checkpoint_id, worker_metrics[-1],
-                                time_train_s=time.perf_counter() - t_start)
-        _write_metrics(row, staging / METRICS_FILE)
-        info = checkpoints.CheckpointInfo(
-            checkpoint_id=checkpoint_id,
-            step=last_step,
-            parent_checkpoint_id=parent.checkpoint_id,
-            produced_by="train",
-            inputs={
-                "scored_shards": [s for b in batches_meta for s in b["shards"]],
-                "steps": [b["step"] for b in batches_meta],
-                "config": asdict(config),
-                "resumed_optimizer_state": resume,
-            },
-        )
-        timings["publish_s"] = time.perf_counter() - t_publish
-        timings["time_train_s"] = time.perf_counter() - t_start
-        (staging / TIMINGS_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
-        published = checkpoints.publish(staging, out_dir, info)
-        return TrainStepResult(str(published), checkpoint_id, row, timings, worker_metrics)
+        with train_server.lock() if config.keep_workers_warm else contextlib.nullcontext():
+            t_launch = time.perf_counter()
+            group = None
+            if config.keep_workers_warm:
+                worker_metrics, extra, group = _run_warm(spec, work_dir, staging, config=config, step=last_step,
+                                                         parent_id=parent.checkpoint_id, resume=resume)
+            else:
+                _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
+                worker_metrics, extra = json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0}
+            launch_s = time.perf_counter() - t_launch
+            result = _publish_step(worker_metrics, extra, launch_s, staging=staging, out_dir=out_dir, config=config,
+                                   last_step=last_step, parent_id=parent.checkpoint_id, batches_meta=batches_meta,
+                                   resume=resume, t_start=t_start)
+            if group is not None:
+                group.last_checkpoint_id = result.checkpoint_id  # published: the next step may continue
+            return result
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], launch_s: float, *, staging: Path,
+                  out_dir: Path, config: TrainConfig, last_step: int, parent_id: str,
+                  batches_meta: list[dict[str, Any]], resume: bool, t_start: float) -> TrainStepResult:
+    """Id, StepMetrics row, timings and lineage of the staged step, then the atomic publish."""
+    t_publish = time.perf_counter()
+    checkpoint_id = checkpoints.make_checkpoint_id("train", last_step, staging)
+    timings = {k: float(v) for m in worker_metrics for k, v in m["timings"].items()}
+    timings.update(extra)
+    timings["launch_s"] = launch_s
+    timings["launch_overhead_s"] = launch_s - sum(
+        timings.get(k, 0.0) for k in ("load_s", "batch_s", "old_log_probs_s", "updates_s", "save_export_s")
+    )
+    row = _step_metrics_row(last_step, checkpoint_id, parent_id, worker_metrics[-1],
+                            time_train_s=time.perf_counter() - t_start)
+    _write_metrics(row, staging / METRICS_FILE)
+    info = checkpoints.CheckpointInfo(
+        checkpoint_id=checkpoint_id,
+        step=last_step,
+        parent_checkpoint_id=parent_id,
+        produced_by="train",
+        inputs={
+            "scored_shards": [s for b in batches_meta for s in b["shards"]],
+            "steps": [b["step"] for b in batches_meta],
+            "config": asdict(config),
+            "resumed_optimizer_state": resume,
+        },
+    )
+    timings["publish_s"] = time.perf_counter() - t_publish
+    timings["time_train_s"] = time.perf_counter() - t_start
+    (staging / TIMINGS_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
+    published = checkpoints.publish(staging, out_dir, info)
+    return TrainStepResult(str(published), checkpoint_id, row, timings, worker_metrics)
 
 
 def train_step(
@@ -334,7 +420,7 @@ def train_step(
 @train_env.task(
     cache=stage_cache(
         "train",
-        ["tasks.train", "tasks.train_worker", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
+        ["tasks.train", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
          "dapo_core.losses", "dapo_core.metrics", "schemas"],
     )
 )

@@ -25,6 +25,22 @@ leaked CUDA context) survives into the next step. Per process:
 
 Any failure (non-finite loss or gradient, bad rows) raises with the step named; rank 0 writes the
 message to ``error_path`` for the parent to report.
+
+**Serve mode** (``serve_dir`` set in the spec; ``tasks/train_server.py`` launches it when
+``TrainConfig.keep_workers_warm``): the processes stay alive after a step and take further
+requests from a file mailbox, so the ~4 s of process start/imports and the engine construction
+are paid once per run instead of once per step. Each rank polls ``serve_dir`` for
+``request-NNNNNN.json`` (written atomically by the owner), acknowledges it, runs it exactly like
+a cold launch, and rank 0 writes ``result-NNNNNN.json`` atomically. Every rank polls the file
+itself instead of waiting in a broadcast from rank 0: the pause between steps (rollout, scoring)
+can be longer than any collective timeout, and torchrun's ``--standalone`` group is one machine.
+A request continues from the in-memory engine only when the owner says its parent is the
+checkpoint this group last published AND the parent's ``ds_state`` records the same step and
+update count as memory; otherwise the engine is rebuilt from the parent folder on disk, as a cold
+launch does, so results never depend on which path ran. Any failure writes the error and exits
+the group (its collectives may be out of step); the owner reports it and starts a new group
+next time. A watchdog thread exits the process when the owner process is gone (even SIGKILL),
+and PR_SET_PDEATHSIG ties each rank to its torchrun agent.
 """
 
 from __future__ import annotations
@@ -32,11 +48,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import gc
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +105,9 @@ class WorkerSpec:
     save_ds_state: bool = True
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
+    serve_dir: str | None = None  # serve mode: the request mailbox (tasks/train_server.py); None = one launch
+    owner_pid: int | None = None  # serve mode: exit when this process is gone
+    owner_start_ticks: int | None = None  # its start time (/proc/PID/stat field 22): pids get reused
 
     @classmethod
     def from_json(cls, path: str | Path) -> WorkerSpec:
@@ -156,6 +178,7 @@ class _StepRunner:
         self.world_size = dist.get_world_size()
         self.device = _device()
         self.updates_done = 0
+        self.last_saved: tuple[int, int] | None = None  # (step, updates_done) of the last save()
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
         self.pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
@@ -409,43 +432,201 @@ class _StepRunner:
                 (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         dist.barrier()
         timings["export_s"] = time.perf_counter() - t0
+        self.last_saved = (last_step, self.updates_done) if spec.save_ds_state else None
         return timings
 
+    def can_continue_from(self, resume_ds_state: str | None) -> bool:
+        """True when the in-memory engine is exactly what loading ``resume_ds_state`` would give.
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m tasks.train_worker SPEC.json (launched by torchrun)", file=sys.stderr)
-        return 2
+        The owner already checked that the parent is the checkpoint this group last published;
+        this re-checks the parent's own record (step and update count) against memory, so a
+        bookkeeping slip in the owner falls back to a reload instead of training on wrong state.
+        """
+        if resume_ds_state is None or self.last_saved is None:
+            return False  # a cold launch would start a fresh optimizer from the HF weights
+        meta_path = Path(resume_ds_state) / DS_META_FILE
+        if not meta_path.is_file():
+            return False
+        meta = json.loads(meta_path.read_text())
+        return (int(meta["step"]), int(meta["updates_done"])) == self.last_saved and \
+            meta["world_size"] == self.world_size and meta["zero_stage"] == self.spec.zero_stage
+
+
+def _run_request(runner: _StepRunner, spec: WorkerSpec, load_s: float,
+                 extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run the steps of ``spec`` on ``runner``, probe, save; rank 0 writes the metrics JSON
+    (one dict per step, ``extra`` added to each) atomically to ``spec.metrics_path``."""
+    results = []
+    for entry in spec.steps:
+        results.append(runner.run_step(int(entry["step"]), list(entry["shards"])))
+    if spec.probe_input_ids is not None:
+        logits = runner.probe(spec.probe_input_ids)
+        if runner.rank == 0 and spec.probe_path:
+            torch.save(logits, spec.probe_path)
+    save_timings = runner.save(int(spec.steps[-1]["step"]))
+    if runner.rank == 0:
+        results[0]["timings"]["load_s"] = load_s
+        results[-1]["timings"].update(save_timings)
+        results[-1]["timings"]["save_export_s"] = sum(save_timings.values())
+        for r in results:
+            r.update(extra or {})
+        _write_json_atomic(Path(spec.metrics_path), results)
+    return results
+
+
+def _write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    os.replace(tmp, path)
+
+
+def _init_process() -> int:
     torch.set_flush_denormal(True)  # 3-10x slower small models on CPU without it
-    spec = WorkerSpec.from_json(argv[0])
-    t_start = time.perf_counter()
     import deepspeed
 
     if torch.cuda.is_available():
         # One GPU per rank, chosen before NCCL creates its communicators on the current device.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank()
+    return dist.get_rank()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (Linux), None when it does not exist.
+
+    A pid alone is not an identity: after the owner dies the kernel may hand its pid to a new
+    process. (pid, start ticks) is unique.
+    """
     try:
-        runner = _StepRunner(spec)
-        load_s = time.perf_counter() - t_start
-        results = []
-        for entry in spec.steps:
-            results.append(runner.run_step(int(entry["step"]), list(entry["shards"])))
-        if spec.probe_input_ids is not None:
-            logits = runner.probe(spec.probe_input_ids)
-            if rank == 0 and spec.probe_path:
-                torch.save(logits, spec.probe_path)
-        save_timings = runner.save(int(spec.steps[-1]["step"]))
-        if rank == 0:
-            results[0]["timings"]["load_s"] = load_s
-            results[-1]["timings"].update(save_timings)
-            results[-1]["timings"]["save_export_s"] = sum(save_timings.values())
-            tmp = Path(spec.metrics_path + ".tmp")
-            tmp.write_text(json.dumps(results, indent=2))
-            os.replace(tmp, spec.metrics_path)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        if sys.platform.startswith("linux"):
+            return None
+        try:  # no /proc: existence only
+            os.kill(pid, 0)
+        except OSError:
+            return None
+        return 0
+    # Field 2 (comm) may hold spaces and parentheses: split after its closing ')'.
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def owner_alive(pid: int, start_ticks: int | None) -> bool:
+    now = process_start_ticks(pid)
+    return now is not None and (start_ticks is None or now == start_ticks or now == 0)
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: SIGKILL this rank when its parent (the torchrun agent) dies, whatever kills it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the agent died before prctl took effect
+        os._exit(3)
+
+
+def _start_owner_watchdog(pid: int, start_ticks: int | None, interval_s: float = 0.5) -> None:
+    """Exit this process as soon as the owner is gone, even in the middle of a step.
+
+    Nothing of an orphaned step could be published (the owner publishes), so there is nothing to
+    finish: the staging folder it leaves is hidden and ``checkpoints.clean_stale_staging`` removes it.
+    """
+    def watch() -> None:
+        while owner_alive(pid, start_ticks):
+            time.sleep(interval_s)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="owner-watchdog", daemon=True).start()
+
+
+def request_path(serve_dir: str | Path, n: int) -> Path:
+    return Path(serve_dir) / f"request-{n:06d}.json"
+
+
+def result_path(serve_dir: str | Path, n: int) -> Path:
+    return Path(serve_dir) / f"result-{n:06d}.json"
+
+
+def ack_path(serve_dir: str | Path, n: int, rank: int) -> Path:
+    return Path(serve_dir) / f"ack-{n:06d}.rank{rank}"
+
+
+def error_prefix(serve_dir: str | Path, n: int) -> Path:
+    return Path(serve_dir) / f"error-{n:06d}.txt"
+
+
+POLL_S = 0.02  # serve mode: how often an idle rank looks for the next request
+
+
+def _wait_request(serve_dir: Path, n: int) -> dict[str, Any]:
+    path = request_path(serve_dir, n)
+    while not path.is_file():
+        time.sleep(POLL_S)
+    return json.loads(path.read_text())
+
+
+def _serve(base: WorkerSpec, rank: int) -> None:
+    """Serve requests until a ``stop`` request (or the owner's death, via the watchdog)."""
+    assert base.serve_dir is not None
+    serve_dir = Path(base.serve_dir)
+    runner: _StepRunner | None = None
+    dist.barrier()  # every rank joined before the first acknowledgement
+    n = 0
+    while True:
+        request = _wait_request(serve_dir, n)
+        ack_path(serve_dir, n, rank).write_text("")
+        if request.get("op") == "stop":
+            return
+        spec = replace(base, **request["spec"], serve_dir=base.serve_dir,
+                       metrics_path=str(result_path(serve_dir, n)), error_path=str(error_prefix(serve_dir, n)))
+        try:
+            t0 = time.perf_counter()
+            continued = bool(request.get("continue_in_memory")) and runner is not None and \
+                runner.can_continue_from(spec.resume_ds_state)
+            # Every rank decides from the same files; agreeing explicitly costs one collective and
+            # makes a disagreement (e.g. a file racing a write) a reload, never a split group.
+            (agreed,) = _all_reduce([1.0 if continued else 0.0], dist.ReduceOp.MIN)
+            continued = agreed == 1.0
+            if continued:
+                assert runner is not None
+                runner.spec = spec
+            else:
+                # Rebuild exactly as a cold launch would (same seed, parent weights, ds_state).
+                runner = None
+                gc.collect()
+                runner = _StepRunner(spec)
+            load_s = time.perf_counter() - t0
+            _run_request(runner, spec, load_s, {"continued_in_memory": continued, "serve_request": n})
+        except Exception as err:
+            Path(f"{spec.error_path}.rank{rank}").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+            raise
+        n += 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tasks.train_worker SPEC.json (launched by torchrun)", file=sys.stderr)
+        return 2
+    spec = WorkerSpec.from_json(argv[0])
+    if spec.serve_dir is not None:
+        _set_parent_death_signal()
+        if spec.owner_pid is not None:
+            _start_owner_watchdog(spec.owner_pid, spec.owner_start_ticks)
+    t_start = time.perf_counter()
+    rank = _init_process()
+    try:
+        if spec.serve_dir is not None:
+            _serve(spec, rank)
+        else:
+            runner = _StepRunner(spec)
+            _run_request(runner, spec, time.perf_counter() - t_start)
     except Exception as err:  # report, then fail the launch (torchrun stops the other ranks)
-        Path(f"{spec.error_path}.rank{rank}").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+        if spec.serve_dir is None:
+            Path(f"{spec.error_path}.rank{rank}").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
         raise
     finally:
         if dist.is_initialized():

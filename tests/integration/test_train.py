@@ -10,6 +10,12 @@ distinct configuration once and the tests compare what they produced:
 - E: steps 1 and 2 in one engine                -> same weights as D (optimizer state really carried)
 - a plain-torch re-implementation of the step (AdamW, clipping, warm-up)  -> same weights as A
 
+A, C and D run on the warm worker group (``keep_workers_warm``, the default; every config change
+restarts it), B and E with one launch per step (the cold path). The warm-group tests at the end
+compare 2 warm steps with 2 cold steps bitwise (weights and optimizer state), re-run steps from
+parents that are not the group's last output, and check the group's lifecycle (config change,
+owner killed, dead or hung group replaced by a cold launch).
+
 The first DeepSpeed launch on a fresh machine JIT-compiles a shared-memory comm op (~50 s, cached
 under TORCH_EXTENSIONS_DIR / ~/.cache/torch_extensions).
 """
@@ -28,10 +34,10 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import random_batch, write_scored  # noqa: E402
+from train_fixtures import optimizer_state, random_batch, same_state, write_scored  # noqa: E402
 
 from dapo_core.losses import policy_loss  # noqa: E402
-from tasks import checkpoints  # noqa: E402
+from tasks import checkpoints, train_server  # noqa: E402
 from tasks import train_batch as tb  # noqa: E402
 from tasks.tiny_policy import build_random_checkpoint  # noqa: E402
 from tasks.train import METRICS_FILE, TrainConfig, TrainStepError, train_step, train_steps  # noqa: E402
@@ -90,7 +96,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
     # 2 ranks x micro-batch 2: mini-batch 0 (5 samples) gives rank 0 three samples (2 micro-batches)
     # and rank 1 two (1 micro-batch + 1 zero-weight filler).
     out["B"] = train_step(ck0, [shard1], root / "B1", step=1,
-                          config=replace(CONFIG, num_processes=2, micro_batch_samples=2))
+                          config=replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False))
 
     import flyte
 
@@ -108,7 +114,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
                                            ("weight_decay", 0.1), ("warmup_steps", 2), ("tis_cap", 2.0), ("seed", 7))]
     argv = ["train", str(root / "A1"), str(shard2), "--out", str(root / "D2"), "--step", "2"]
     out["D_rc"] = dapo_main(argv + [a for s in sets for a in ("--set", s)])
-    out["E"] = train_steps(ck0, [(1, [shard1]), (2, [shard2])], root / "E2", config=CONFIG)
+    out["E"] = train_steps(ck0, [(1, [shard1]), (2, [shard2])], root / "E2", config=replace(CONFIG, keep_workers_warm=False))
     return out
 
 
@@ -310,6 +316,171 @@ def test_non_finite_loss_stops_the_step_and_publishes_nothing(ck0: Path, tmp_pat
         shard = write_scored(tmp_path / "batch.parquet", random_batch(1, 4, vocab=vocab))
         train_step(bad, [shard], tmp_path / "ck4", step=4, config=CONFIG)
     assert not (tmp_path / "ck4").exists() and not list(tmp_path.glob(".*staging*"))
+    assert train_server.active_group() is None  # a failed warm group is not reused
+
+
+# --- the warm worker group (keep_workers_warm) -----------------------------------------------------
+
+COLD = replace(CONFIG, keep_workers_warm=False)
+
+
+def _same_weights(a: str | Path, b: str | Path) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _ds_meta(folder: str | Path) -> dict:
+    return json.loads((Path(folder) / DS_STATE_DIR / "dapo_ds_meta.json").read_text())
+
+
+def _gone(pids: list[int]) -> bool:
+    """True when none of ``pids`` runs any more (a zombie waiting to be reaped counts as gone)."""
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            return False
+    return True
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _gone(pids):
+            return True
+        time.sleep(0.1)
+    return _gone(pids)
+
+
+@pytest.fixture(scope="module")
+def warm_vs_cold(runs: dict) -> dict:
+    """Steps 1 and 2 through one warm group, and the same two steps with one launch each."""
+    root, ck0, s1, s2 = runs["root"] / "warm_vs_cold", runs["ck0"], runs["shard1"], runs["shard2"]
+    train_server.stop_active()  # the first warm step must start the group
+    out: dict = {"root": root}
+    out["w1"] = train_step(ck0, [s1], root / "w1", step=1, config=CONFIG)
+    out["group"] = train_server.active_group()
+    out["w2"] = train_step(out["w1"].checkpoint_dir, [s2], root / "w2", step=2, config=CONFIG)
+    out["history"] = list(out["group"].history)
+    out["c1"] = train_step(ck0, [s1], root / "c1", step=1, config=COLD)
+    out["c2"] = train_step(out["c1"].checkpoint_dir, [s2], root / "c2", step=2, config=COLD)
+    return out
+
+
+def test_warm_steps_equal_cold_steps_bitwise(warm_vs_cold: dict) -> None:
+    r = warm_vs_cold
+    # Step 1 starts the group and builds the engine from ck0; step 2 continues from memory.
+    assert r["history"] == ["reloaded", "continued"]
+    assert (r["w1"].timings["group_started"], r["w2"].timings["group_started"]) == (1.0, 0.0)
+    assert (r["w1"].timings["continued_in_memory"], r["w2"].timings["continued_in_memory"]) == (0.0, 1.0)
+    assert r["c2"].timings["warm_group"] == 0.0
+    for warm, cold in (("w1", "c1"), ("w2", "c2")):
+        assert _same_weights(r[warm].checkpoint_dir, r[cold].checkpoint_dir), warm
+        assert r[warm].checkpoint_id == r[cold].checkpoint_id  # the id digests the weight bytes
+        # 2 updates per step: 2 after step 1, 4 after step 2, on both paths.
+        assert _ds_meta(r[warm].checkpoint_dir)["updates_done"] == _ds_meta(r[cold].checkpoint_dir)["updates_done"]
+        assert same_state(optimizer_state(r[warm].checkpoint_dir), optimizer_state(r[cold].checkpoint_dir)) == []
+    assert _ds_meta(r["w2"].checkpoint_dir)["updates_done"] == 4
+    assert r["w2"].metrics["grad_norm"] == r["c2"].metrics["grad_norm"]
+    # The warm step 2 skipped process start and engine construction.
+    assert r["w2"].timings["load_s"] < r["c2"].timings["load_s"]
+
+
+def test_warm_group_reloads_a_parent_that_is_not_its_last_output(runs: dict, warm_vs_cold: dict) -> None:
+    r, root = warm_vs_cold, warm_vs_cold["root"]
+    group = train_server.active_group()
+    assert group is r["group"] and group.last_checkpoint_id == r["w2"].checkpoint_id
+    # Step 2 re-run from step 0's checkpoint (no optimizer state: a fresh optimizer, as cold).
+    again = train_step(runs["ck0"], [runs["shard2"]], root / "x2", step=2, config=CONFIG)
+    cold = train_step(runs["ck0"], [runs["shard2"]], root / "x2cold", step=2, config=COLD)
+    assert _same_weights(again.checkpoint_dir, cold.checkpoint_dir)
+    assert same_state(optimizer_state(again.checkpoint_dir), optimizer_state(cold.checkpoint_dir)) == []
+    # Step 2 re-run from the warm step 1 (an older output of this group): ds_state reloaded.
+    rerun = train_step(r["w1"].checkpoint_dir, [runs["shard2"]], root / "y2", step=2, config=CONFIG)
+    assert _same_weights(rerun.checkpoint_dir, r["c2"].checkpoint_dir)
+    assert same_state(optimizer_state(rerun.checkpoint_dir), optimizer_state(r["c2"].checkpoint_dir)) == []
+    assert train_server.active_group() is group and group.history[-2:] == ["reloaded", "reloaded"]
+
+
+def test_config_change_restarts_the_group_and_a_dead_group_falls_back_to_cold(runs: dict, warm_vs_cold: dict) -> None:
+    import signal
+
+    root = warm_vs_cold["root"]
+    old = train_server.active_group()
+    assert old is not None and old.alive
+    old_pids = old.pids()
+    assert len(old_pids) == 2  # torchrun + 1 rank
+    other = replace(CONFIG, lr=1e-3)
+    first = train_step(runs["ck0"], [runs["shard1"]], root / "lr1", step=1, config=other)
+    new = train_server.active_group()
+    assert new is not None and new is not old and not old.alive and _wait_gone(old_pids, 5.0)
+    # Kill the new group behind the owner's back: the next step warns and runs cold, same result.
+    os.killpg(new.proc.pid, signal.SIGKILL)
+    new.proc.wait()
+    with pytest.warns(RuntimeWarning, match=r"(?s)step 1: the warm worker group exited with -9 while idle.*cold launch"):
+        again = train_step(runs["ck0"], [runs["shard1"]], root / "lr1-again", step=1, config=other)
+    assert again.timings["warm_fallback"] == 1.0 and train_server.active_group() is None
+    assert _same_weights(first.checkpoint_dir, again.checkpoint_dir)
+
+
+def test_hung_group_is_killed_and_the_step_runs_cold(runs: dict, warm_vs_cold: dict, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    first = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "h1", step=1, config=CONFIG)
+    group = train_server.active_group()
+    assert group is not None and group.ready
+    pids = group.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # frozen: alive, but never answers
+    monkeypatch.setattr(train_server, "ACK_TIMEOUT_S", 2.0)
+    with pytest.warns(RuntimeWarning, match=r"did not take request 1 within 2 s \(hung\).*cold launch"):
+        res = train_step(first.checkpoint_dir, [runs["shard2"]], tmp_path / "h2", step=2, config=CONFIG)
+    assert _wait_gone(pids, 5.0) and train_server.active_group() is None
+    assert _same_weights(res.checkpoint_dir, warm_vs_cold["c2"].checkpoint_dir)
+
+
+_OWNER_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from dataclasses import replace
+from tasks.train import TrainConfig, train_step
+from tasks import train_server
+config = TrainConfig(**json.loads(sys.argv[5]))
+train_step(sys.argv[2], [sys.argv[3]], sys.argv[4], step=1, config=config)
+print("PIDS", json.dumps(train_server.active_group().pids()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_exit_when_the_owner_is_killed(runs: dict, tmp_path: Path) -> None:
+    import dataclasses
+    import signal
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_SCRIPT, str(repo), str(runs["ck0"]), str(runs["shard1"]), str(tmp_path / "o1"),
+         json.dumps(dataclasses.asdict(CONFIG))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        line = owner.stdout.readline()  # blocks until the step is published (or the owner fails: EOF)
+        assert line.startswith("PIDS"), owner.stderr.read()[-3000:] if owner.poll() is not None else line
+        pids = json.loads(line.split(" ", 1)[1])
+        assert len(pids) == 2 and not _gone(pids)
+        owner.kill()  # SIGKILL: no atexit hook runs
+        owner.wait()
+        assert _wait_gone(pids, 5.0), "workers outlived their owner"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+    assert checkpoints.is_complete(tmp_path / "o1")
 
 
 @pytest.mark.slow

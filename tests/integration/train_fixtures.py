@@ -80,3 +80,36 @@ def random_batch(seed: int, num_samples: int, *, vocab: int, prompt_len: int = 4
 
 def nan() -> float:
     return math.nan
+
+
+def optimizer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
+    """The DeepSpeed optimizer + LR-scheduler state in a checkpoint's ds_state/ (all ranks' files).
+
+    ``{"<file>": {"base": torch AdamW state (step, exp_avg, exp_avg_sq per param), "fp32": the fp32
+    partitions}, "lr_scheduler": ...}``: enough to tell whether two steps continue identically.
+    """
+    state_dir = Path(checkpoint_dir) / "ds_state"
+    tag = (state_dir / "latest").read_text().strip()
+    out: dict[str, Any] = {}
+    for path in sorted((state_dir / tag).glob("*optim_states.pt")):
+        raw = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+        out[path.name] = {"base": raw["base_optimizer_state"], "fp32": raw["single_partition_of_fp32_groups"]}
+    model_states = torch.load(next((state_dir / tag).glob("*model_states.pt")), map_location="cpu", weights_only=False)
+    out["lr_scheduler"] = model_states["lr_scheduler"]
+    return out
+
+
+def same_state(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two nested dict/list/tensor structures differ (bitwise for tensors); [] when identical."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        ok = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        return [] if ok else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path} keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
+        return [d for k in a for d in same_state(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path} length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same_state(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
