@@ -27,6 +27,7 @@ from typing import Any
 
 from infra.environments import cpu_env, stage_cache
 from tasks import checkpoints
+from tasks.threads import cpu_threads
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,7 @@ def build_tiny_policy(
         if {k: info.inputs.get(k) for k in lineage} == lineage:
             return out_dir
     torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
-    torch.set_num_threads(config.cpu_threads or len(os.sched_getaffinity(0)))
+    torch.set_num_threads(cpu_threads(config.cpu_threads))
     if train_paths:
         train, heldout = _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
     else:

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tasks.threads import cpu_threads as resolve_cpu_threads
+
 if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
     from vllm import LLM, RequestOutput, SamplingParams
 
@@ -56,24 +58,17 @@ class EngineSettings:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def available_cpus() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def configure_process(cpu_threads: int = 0) -> int:
     """Set the environment vLLM reads at import/engine start; returns the thread count used.
 
     Must run before the first engine is created. Values already in the environment win, so a
     user can override any of them. Only matters for the CPU build; harmless with CUDA.
     """
-    threads = cpu_threads or available_cpus()
+    threads = resolve_cpu_threads(cpu_threads)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # by default vLLM reserves a core
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # vLLM's CPU attention reads OMP_NUM_THREADS and aborts if torch runs another thread count.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU

@@ -1,0 +1,193 @@
+"""The tiny pipeline end to end through Flyte locally, its cache, its lineage, and kill -9 resume.
+
+One uninterrupted 2-step run (module fixture) is checked shard by shard against the schemas,
+re-run to prove every task is a cache hit, and queried for lineage. A second run is killed with
+SIGKILL while step 2 trains, re-run, and must end on the very checkpoint of the uninterrupted
+run, with every earlier stage a cache hit. Sizes are cut down from configs/tiny-cpu.yaml so the
+module takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import schemas
+from tasks import checkpoints
+from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
+from workflows.run_layout import RunLayout
+from workflows.run_records import action_records, flyte_runs
+
+REPO = Path(__file__).resolve().parents[2]
+DAPO = [sys.executable, "-m", "workflows.cli"]
+SMALL = [
+    "run.steps=2",
+    "run.data=['synthetic:n=600,seed=0,min_terms=2,max_terms=2,max_operand=20,test_fraction=0.1']",
+    "run.prompts_per_step=8",
+    "run.prompts_per_round=12",
+    "run.max_rounds=2",
+    "bootstrap.max_steps=60",
+    "bootstrap.eval_every_steps=30",
+    "bootstrap.eval_problems=16",
+    "bootstrap.require_band=false",
+    "rollout.samples_per_prompt=4",
+    "train.micro_batch_samples=16",
+    "evaluate.samples_per_problem=2",
+    "evaluate.max_problems=16",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _dapo_run(run_root: Path, name: str, *, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
+    for item in [*SMALL, f"run.name={name}"]:
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+    assert proc.returncode == 0, f"dapo run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="module")
+def finished_run(run_root: Path) -> RunLayout:
+    _dapo_run(run_root, "ref")
+    return RunLayout(run_root / "ref")
+
+
+def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> None:
+    layout = finished_run
+    expected = {
+        "curate/problems/*.parquet": schemas.Problem,
+        "curate/rejected/*.parquet": schemas.RejectedProblem,
+        "steps/step-*/rollouts/*.parquet": schemas.Rollout,
+        "steps/step-*/scored/*.parquet": schemas.ScoredRollout,
+        "steps/step-*/batch.parquet": schemas.ScoredRollout,
+        "steps/step-*/surplus.parquet": schemas.ScoredRollout,
+        "steps/step-*/metrics.parquet": schemas.StepMetrics,
+        "eval/*.parquet": schemas.EvalResult,
+    }
+    for pattern, model in expected.items():
+        paths = sorted(layout.root.glob(pattern))
+        assert paths, f"no shard matches {pattern}"
+        for path in paths:
+            schemas.read_shard(path, model)  # raises ShardValidationError naming file/column/rows
+    every = set(layout.root.rglob("*.parquet"))
+    covered = {p for pattern in expected for p in layout.root.glob(pattern)}
+    # train_metrics.parquet inside checkpoints is the train task's own copy of the StepMetrics row
+    assert {p for p in every - covered if p.name != "train_metrics.parquet"} == set()
+    for step in (0, 1, 2):
+        assert checkpoints.is_complete(layout.checkpoint(step))
+    summary = json.loads(layout.summary.read_text())
+    assert summary["steps"] == 2
+    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+    assert summary["wall_seconds"] > 0
+    assert (layout.report_dir / "index.html").is_file() and list(layout.report_dir.glob("*.png"))
+    # no half-written leftovers anywhere
+    assert not [p for p in layout.root.rglob("*") if ".staging-" in p.name or p.name.endswith(".tmp")]
+
+
+def test_second_run_is_all_cache_hits(finished_run: RunLayout, run_root: Path) -> None:
+    layout = finished_run
+    before = {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.parquet")}
+    _dapo_run(run_root, "ref")
+    runs = flyte_runs(layout)
+    assert len(runs) >= 2
+    last = [r for r in action_records(layout) if r.run_name == runs[-1] and r.cache_enabled]
+    assert {r.task_name.split(".")[-1] for r in last} >= {"curate", "bootstrap", "rollout", "score", "assemble_batch", "train", "evaluate"}
+    assert all(r.cache_hit for r in last), [(r.task_name, r.cache_hit) for r in last if not r.cache_hit]
+    after = {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.parquet")}
+    assert after == before  # nothing was rewritten
+
+
+def test_lineage_answers_for_a_trained_sample(finished_run: RunLayout) -> None:
+    layout = finished_run
+    rollout_id = trained_samples(layout, 2)[0]
+    info = sample_lineage(layout, rollout_id)
+    assert info["trained"]["step"] == 2
+    assert info["trained"]["produced_checkpoint"] == checkpoints.read_info(layout.checkpoint(2)).checkpoint_id
+    assert info["generation"]["checkpoint_id"] == checkpoints.read_info(layout.checkpoint(1)).checkpoint_id
+    assert info["problem"]["source"] == "synthetic" and info["problem"]["split"] == "train"
+    assert info["reward"]["reward_version"] and info["reward"]["verdict_status"] in ("ok", "timeout", "error")
+    assert info["filter"]["final"].startswith("trained at step 2")
+    chain = checkpoint_lineage(layout, "2")["ancestry"]
+    assert [c["step"] for c in chain] == [2, 1, 0]
+    assert chain[0]["batch"]["samples"] > 0 and "metrics" in chain[0]
+    # the CLI prints the same
+    out = subprocess.run([*DAPO, "lineage", str(layout.root), "--sample", rollout_id], cwd=REPO, env=_env(),
+                         capture_output=True, text=True, check=True).stdout
+    assert json.loads(out)["trained"]["step"] == 2
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: RunLayout, run_root: Path) -> None:
+    name = "killed"
+    layout = RunLayout(run_root / name)
+    args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
+    for item in [*SMALL, f"run.name={name}"]:
+        args += ["--set", item]
+    proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    try:
+        # Step 2's training has begun once its staging folder exists (made before the workers
+        # start updating); a warm worker group needs only ~1 s per step, so look often.
+        while not list(layout.checkpoints_dir.glob(".step-0002.staging-*")):
+            assert proc.poll() is None, "the run ended before step 2 trained"
+            assert time.monotonic() < deadline, "step 2 never started training"
+            time.sleep(0.01)
+    finally:
+        # kill -9 the whole tree at once, as a lost machine would: driver, torchrun, workers
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    assert not checkpoints.is_complete(layout.checkpoint(2)), "killed too late: step 2 already published"
+
+    _dapo_run(run_root, name)
+    runs = flyte_runs(layout)
+    last = [r for r in action_records(layout) if r.run_name == runs[-1] and r.cache_enabled]
+    ran = [r.task_name.split(".")[-1] for r in last if not r.cache_hit]
+    # only step 2's training and what follows it re-executed
+    assert ran == ["train", "evaluate"], ran
+    for task in ("curate", "bootstrap"):
+        assert any(r.task_name.endswith(task) and r.cache_hit for r in last)
+    ref = checkpoints.read_info(finished_run.checkpoint(2))
+    got = checkpoints.read_info(layout.checkpoint(2))
+    assert got.checkpoint_id == ref.checkpoint_id  # same weights digest: training continued exactly
+    assert checkpoints.weights_digest(layout.checkpoint(2)) == checkpoints.weights_digest(finished_run.checkpoint(2))
