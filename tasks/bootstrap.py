@@ -253,40 +253,28 @@ def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, confi
 # ----------------------------------------------------------------------------- CLI
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(BootstrapConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.removeprefix("bootstrap.")
-        if not sep or key not in fields:
-            raise BootstrapError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
-        default = getattr(BootstrapConfig, key)
-        if isinstance(default, bool):
-            out[key] = value.lower() in ("1", "true", "yes")
-        else:
-            out[key] = type(default)(value)
-    return out
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``dapo bootstrap``."""
     parser.add_argument("--out", required=True, help="checkpoint folder to publish (atomic)")
-    parser.add_argument("--source", default="tiny", help="'tiny' (default) or a local HF model folder to import")
+    parser.add_argument("--source", default=None, help="'tiny' (default) or a local HF model folder to import")
     parser.add_argument("--link", action="store_true", help="import by symlinking instead of copying")
     parser.add_argument("--train", nargs="*", default=[], help="train Problem shards (default: synthetic problems)")
     parser.add_argument("--test", nargs="*", default=[], help="test Problem shards for the held-out check")
+    parser.add_argument("--config", help="run config YAML whose `bootstrap` section to start from")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a BootstrapConfig field")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """``dapo bootstrap``: build or import the step-0 checkpoint; prints its metadata."""
+    from workflows.config import ConfigError, stage_config
+
     try:
-        config = BootstrapConfig(**{"source": args.source, "link_import": args.link, **_parse_set(args.set)})
+        flags = ([f"source={args.source}"] if args.source else []) + (["link_import=true"] if args.link else [])
+        config = stage_config("bootstrap", args.config, [*flags, *args.set])
         if args.train and not args.test:
             raise BootstrapError("--train needs --test shards for the held-out accuracy check")
         folder = bootstrap_policy(args.out, config, args.train or None, args.test or None)
-    except (BootstrapError, checkpoints.CheckpointError, ValueError) as err:
+    except (BootstrapError, ConfigError, checkpoints.CheckpointError, ValueError) as err:
         print(f"dapo bootstrap: error: {err}", file=sys.stderr)
         return 1
     info = checkpoints.read_info(folder)

@@ -139,17 +139,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("problems", nargs="+", help="Problem shard(s) or folder(s) to evaluate on")
     parser.add_argument("--out", required=True, help="EvalResult shard to write")
     parser.add_argument("--step", type=int, default=0, help="training step of the checkpoint (recorded)")
+    parser.add_argument("--config", help="run config YAML whose `evaluate` and `rollout` sections to start from")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help=f"override an EvalConfig field: {[f.name for f in dataclasses.fields(EvalConfig)]}")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from workflows.config import parse_overrides
+    from workflows.config import stage_config
 
-    fields = parse_overrides([s if "." in s.split("=")[0] else f"evaluate.{s}" for s in args.set]).get("evaluate", {})
-    config = EvalConfig(**fields)
+    config = stage_config("evaluate", args.config, args.set)
+    engine_config = stage_config("rollout", args.config) if args.config else RolloutConfig()
     paths = [str(p) for p in schemas.shard_paths(args.problems)]
-    summary = evaluate_checkpoint(args.checkpoint, paths, args.out, args.step, config)
+    summary = evaluate_checkpoint(args.checkpoint, paths, args.out, args.step, config, engine_config)
     print(json.dumps(summary, indent=2, sort_keys=True))
     print(f"wrote {Path(args.out)}")
     return 0

@@ -22,7 +22,6 @@ engine count and timings.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -387,19 +386,6 @@ def rollout(
 # ----------------------------------------------------------------------------- CLI
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    fields = {f.name for f in dataclasses.fields(RolloutConfig)}
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key = key.removeprefix("rollout.")
-        if not sep or key not in fields:
-            raise RolloutError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {sorted(fields)}")
-        default = getattr(RolloutConfig, key)
-        out[key] = value.lower() in ("1", "true", "yes") if isinstance(default, bool) else type(default)(value)
-    return out
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``dapo rollout``."""
     parser.add_argument("checkpoint", help="published checkpoint folder")
@@ -411,15 +397,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy-version", type=int, default=None, help="default: the checkpoint's step")
     parser.add_argument("--round", type=int, default=0, help="dynamic-sampling round (generation_round)")
     parser.add_argument("--engines", type=int, default=None, help="engines to split prompts over (default: config)")
+    parser.add_argument("--config", help="run config YAML whose `rollout` section to start from")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RolloutConfig field")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """``dapo rollout``: generate one Rollout shard and print its manifest."""
     import schemas
+    from workflows.config import ConfigError, stage_config
 
     try:
-        config = RolloutConfig(**_parse_set(args.set))
+        config = stage_config("rollout", args.config, args.set)
         paths = [str(p) for p in schemas.shard_paths(args.problems if len(args.problems) > 1 else args.problems[0])]
         ids = args.ids
         if args.limit:
@@ -429,7 +417,8 @@ def run_cli(args: argparse.Namespace) -> int:
             args.checkpoint, paths, ids, args.out, config,
             seed=args.seed, policy_version=version, generation_round=args.round, engines=args.engines,
         )
-    except (RolloutError, checkpoints.CheckpointError, schemas.ShardValidationError, FileNotFoundError, ValueError) as err:
+    except (RolloutError, ConfigError, checkpoints.CheckpointError, schemas.ShardValidationError, FileNotFoundError,
+            ValueError) as err:
         print(f"dapo rollout: error: {err}", file=sys.stderr)
         return 1
     print(Path(str(out) + ".manifest.json").read_text())

@@ -224,17 +224,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="ScoredRollout shard to write")
     parser.add_argument("--max-response-tokens", type=int, required=True, help="the rollout's L_max (eq. 13)")
     parser.add_argument("--config", help="run config YAML whose `score` section to use")
-    parser.add_argument("--set", action="append", default=[], metavar="score.FIELD=VALUE", help="override a field")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a ScoreConfig field")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from workflows.config import load_config, parse_overrides
+    from workflows.config import stage_config
 
-    if args.config:
-        config = load_config(args.config, args.set).score
-    else:
-        fields = parse_overrides(args.set).get("score", {})
-        config = ScoreConfig(**fields)
+    config = stage_config("score", args.config, args.set)
     stats = score_shards(
         args.rollouts, args.problems, args.out, max_response_tokens=args.max_response_tokens, config=config
     )

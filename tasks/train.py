@@ -437,16 +437,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder of the next checkpoint (published atomically)")
     parser.add_argument("--step", type=int, required=True, help="the step number this update produces")
     parser.add_argument("--config", help="run config YAML whose `train` section to use")
-    parser.add_argument("--set", action="append", default=[], metavar="train.FIELD=VALUE", help="override a field")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a TrainConfig field")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from workflows.config import load_config, parse_overrides
+    from workflows.config import stage_config
 
-    if args.config:
-        config = load_config(args.config, args.set).train
-    else:
-        config = TrainConfig(**parse_overrides(args.set).get("train", {}))
+    config = stage_config("train", args.config, args.set)
     try:
         result = train_step(args.checkpoint, args.scored, args.out, step=args.step, config=config)
     except TrainStepError as err:

@@ -179,6 +179,25 @@ def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overri
     return RunConfig(**built, source=source)
 
 
+def stage_config(section: str, config_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
+    """One stage's config for that stage's own CLI (``dapo score``, ``dapo train``, ...).
+
+    Starts from ``config_path``'s section when given, else from the dataclass defaults; each
+    override is ``FIELD=VALUE`` or ``SECTION.FIELD=VALUE`` and is checked like a YAML value.
+    """
+    classes = _stage_classes()
+    if section not in classes:
+        raise ConfigError(f"unknown stage section {section!r}; known: {sorted(classes)}")
+    qualified = [item if "." in item.partition("=")[0] else f"{section}.{item}" for item in overrides]
+    if config_path is not None:
+        return getattr(load_config(config_path, qualified), section)
+    fields = parse_overrides(qualified)
+    other = sorted(set(fields) - {section})
+    if other:
+        raise ConfigError(f"--set: only {section}.FIELD overrides apply here, got section(s) {other}")
+    return _build(classes[section], fields.get(section, {}), f"--set {section}")
+
+
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML run config, apply ``--set`` overrides, and build every stage dataclass."""
     path = Path(path)

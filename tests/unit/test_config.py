@@ -64,3 +64,18 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
         load_config(listy)
+
+
+def test_stage_config_for_stage_clis(tmp_path: Path) -> None:
+    from workflows.config import stage_config
+
+    # defaults + bare FIELD=VALUE overrides
+    score = stage_config("score", None, ["overlong_buffer_tokens=4", "score.dynamic_sampling=false"])
+    assert score.overlong_buffer_tokens == 4 and score.dynamic_sampling is False
+    # from a run config's section, then overridden
+    train = stage_config("train", REPO / "configs" / "tiny-cpu.yaml", ["lr=2e-5"])
+    assert train.lr == 2e-5 and train.updates_per_step == load_config(REPO / "configs" / "tiny-cpu.yaml").train.updates_per_step
+    with pytest.raises(ConfigError, match=r"only train\.FIELD overrides"):
+        stage_config("train", None, ["score.reward_timeout_s=1"])
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['nope'\]"):
+        stage_config("rollout", None, ["nope=1"])
