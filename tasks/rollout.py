@@ -51,6 +51,7 @@ class RolloutConfig:
     cpu_kvcache_gib: int = 1  # KV-cache budget of a CPU engine
     gpu_memory_utilization: float = 0.85  # fraction of each GPU a CUDA engine may take
     enforce_eager: bool = True  # skip CUDA graphs / compilation (faster start; turn off for long GPU runs)
+    tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallel); 32B at 20480 tokens needs 4 (infra/sizing.py)
 
 
 class RolloutError(RuntimeError):
@@ -82,6 +83,7 @@ def engine_settings(config: RolloutConfig, max_model_len: int) -> vllm_engine.En
         cpu_kvcache_gib=config.cpu_kvcache_gib,
         gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=config.enforce_eager,
+        tensor_parallel_size=config.tensor_parallel_size,
     )
 
 
@@ -208,7 +210,7 @@ def _ray_generate(
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, ignore_reinit_error=True)
-    actor_class = ray.remote(num_gpus=1)(_EngineActor)
+    actor_class = ray.remote(num_gpus=settings.tensor_parallel_size)(_EngineActor)
     while len(_RAY_ACTORS) < len(parts):
         _RAY_ACTORS.append(actor_class.remote())
     futures = [
@@ -263,7 +265,7 @@ def generate_rollouts(
     )
     gpus = vllm_engine.gpu_count()
     wanted = engines if engines is not None else config.engines
-    wanted = wanted or max(1, gpus)
+    wanted = wanted or max(1, gpus // max(1, config.tensor_parallel_size))
     parts = split_parts(requests, wanted)
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}

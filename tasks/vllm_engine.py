@@ -53,6 +53,7 @@ class EngineSettings:
     max_num_seqs: int = 256  # sequences scheduled together
     enforce_eager: bool = True  # no CUDA graphs / compilation: faster start, fine for small runs
     enable_prefix_caching: bool = True  # G samples of one prompt share its prefill
+    tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM tensor parallel; CUDA only)
 
     def cache_key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -133,6 +134,8 @@ def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
     else:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if settings.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = settings.tensor_parallel_size
     try:
         return LLM(**kwargs)
     finally:

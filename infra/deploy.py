@@ -1,0 +1,364 @@
+"""``dapo deploy``: serialise (``--dry-run``) or register every Flyte environment and task for a cluster.
+
+The dry run needs no backend: it initialises the Flyte 2 SDK against a placeholder endpoint and
+runs the SDK's own deploy path with ``dry_run=True``, which builds every task spec (interface,
+image, resources, plugin config: RayJob for rollout) exactly as a real deploy would, without
+contacting anything. On top of what Flyte accepts, it fails when
+
+- a module cannot be imported, or the pipeline's environments or tasks are missing;
+- a task input or output has no Flyte type and would travel as a pickle (Flyte only warns:
+  pickled inputs cannot be typed in the UI, break cache keys across Python versions, and are
+  what a broken task interface looks like);
+- the SDK's serialisation raises.
+
+With ``--config`` the run config is validated and sized for a cluster of GPU nodes
+(infra/sizing.py); the resolved resources are printed and go into the serialised specs
+(through ``DAPO_CLUSTER_PLAN``, read by infra/environments.py). ``--sizing`` prints the sizing
+tables of docs/CLUSTER.md. Without ``--dry-run`` the same environments are registered with the
+backend of ``--flyte-config`` (not verified here: no cluster).
+
+Flyte and the task modules are imported only after the target and plan are set in the process
+environment, so run this as its own process (the CLI does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from infra import sizing
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Importing the driver imports every task module; the rest are listed so none is missed.
+PIPELINE_MODULES = (
+    "workflows.driver",
+    "tasks.curate",
+    "tasks.bootstrap",
+    "tasks.rollout",
+    "tasks.score",
+    "tasks.batch",
+    "tasks.train",
+    "tasks.evaluate",
+)
+# environment name -> tasks it must hold (what the driver calls, and the driver itself)
+EXPECTED_TASKS: dict[str, tuple[str, ...]] = {
+    "dapo-cpu": ("curate", "bootstrap", "score", "assemble_batch", "dapo_pipeline"),
+    "dapo-rollout": ("rollout", "evaluate"),
+    "dapo-train": ("train",),
+}
+PLACEHOLDER_ENDPOINT = "dns:///flyte.invalid:443"  # never contacted by a dry run
+KNOWN_ARCHITECTURES = {"qwen2.5-32b": sizing.QWEN2_5_32B}
+
+
+class DeployError(RuntimeError):
+    """Deployment cannot go on; the message names the module, environment, task or field."""
+
+
+# ----------------------------------------------------------------------------- sizing a config
+
+
+def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture | None:
+    """The architecture to size: ``--model`` name, else one named in the bootstrap source; None for the tiny policy."""
+    if model:
+        if model.lower() not in KNOWN_ARCHITECTURES:
+            raise DeployError(f"--model {model!r}: known architectures are {sorted(KNOWN_ARCHITECTURES)}")
+        return KNOWN_ARCHITECTURES[model.lower()]
+    if source == "tiny":
+        return None
+    for name, arch in KNOWN_ARCHITECTURES.items():
+        if name in source.lower():
+            return arch
+    raise DeployError(
+        f"bootstrap.source {source!r}: no known architecture in its name; pass --model one of {sorted(KNOWN_ARCHITECTURES)}"
+    )
+
+
+def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterPlan | None, dict[str, Any]]:
+    """``(plan, DAPO_CLUSTER_PLAN dict)`` for a RunConfig; the plan is None for the tiny model."""
+    arch = architecture_for(config.bootstrap.source, args.model)
+    overrides: dict[str, Any] = {"gpus_per_node": args.gpus_per_node, "run_store_pvc": args.run_store_pvc,
+                                 "run_store_mount": args.run_store_mount}
+    if arch is None:
+        return None, overrides
+    plan = sizing.plan_cluster(
+        arch,
+        zero_stage=config.train.zero_stage,
+        micro_batch_samples=config.train.micro_batch_samples,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_response_tokens=config.rollout.max_response_tokens,
+        samples_per_prompt=config.rollout.samples_per_prompt,
+        gpu_memory_bytes=int(args.gpu_memory_gb * sizing.GB),
+        gpus_per_node=args.gpus_per_node,
+        gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        configured_train_processes=config.train.num_processes,
+        configured_rollout_engines=config.rollout.engines,
+        configured_tensor_parallel=getattr(config.rollout, "tensor_parallel_size", 1),
+    )
+    overrides.update(
+        rollout_engines=plan.rollout_engines,
+        rollout_tensor_parallel=plan.rollout_tensor_parallel,
+        rollout_nodes=plan.rollout_nodes,
+        train_nproc_per_node=plan.train_nproc_per_node,
+    )
+    return plan, overrides
+
+
+# ----------------------------------------------------------------------------- loading tasks
+
+
+def import_module(name_or_path: str) -> Any:
+    """Import a dotted module name, or a ``.py`` file (as a throwaway module of its stem)."""
+    try:
+        if name_or_path.endswith(".py"):
+            path = Path(name_or_path).resolve()
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            if spec is None or spec.loader is None:
+                raise DeployError(f"{path}: not a Python module")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(name_or_path)
+    except DeployError:
+        raise
+    except Exception as err:  # any import-time failure is a broken task module
+        raise DeployError(f"importing {name_or_path}: {type(err).__name__}: {err}") from err
+
+
+def collect_environments(modules: list[Any]) -> list[Any]:
+    """Every TaskEnvironment defined at top level of ``modules`` and of infra.environments, by name."""
+    import flyte
+
+    from infra import environments
+
+    found: dict[str, Any] = {}
+    for module in [environments, *modules]:
+        for value in vars(module).values():
+            if isinstance(value, flyte.TaskEnvironment):
+                other = found.setdefault(value.name, value)
+                if other is not value:
+                    raise DeployError(f"{module.__name__}: a second environment named {value.name!r}")
+    return list(found.values())
+
+
+def check_expected_tasks(envs: list[Any]) -> None:
+    by_name = {env.name: env for env in envs}
+    for env_name, tasks in EXPECTED_TASKS.items():
+        if env_name not in by_name:
+            raise DeployError(f"environment {env_name!r} is missing (infra/environments.py)")
+        held = {t.split(".", 1)[-1] for t in by_name[env_name].tasks}
+        missing = [t for t in tasks if t not in held]
+        if missing:
+            raise DeployError(f"environment {env_name!r} lacks task(s) {missing}; it holds {sorted(held)}")
+
+
+# ----------------------------------------------------------------------------- serialising
+
+
+def _literal_type_text(var: Any) -> str:
+    from google.protobuf import text_format
+
+    return text_format.MessageToString(var.type, as_one_line=True)
+
+
+def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
+    """One dict per serialised task: env, name, type, image, resources, inputs, outputs, plugin summary."""
+    rows = []
+    for deployment in deployments:
+        for env_name, deployed_env in deployment.envs.items():
+            for entity in deployed_env.deployed_entities:
+                template = entity.deployed_task.task_template
+                container = template.container if template.HasField("container") else None
+                pod = template.k8s_pod if template.HasField("k8s_pod") else None
+                image, resources = "", {}
+                if container is not None:
+                    image = container.image
+                    resources = {_resource_name(r.name): r.value for r in container.resources.requests}
+                elif pod is not None:
+                    spec = _struct_to_dict(pod.pod_spec)
+                    primary = next(iter(spec.get("containers", [])), {})
+                    image = primary.get("image", "")
+                    resources = dict(primary.get("resources", {}).get("requests", {}))
+                custom = json.loads(json.dumps(_struct_to_dict(template.custom))) if template.HasField("custom") else {}
+                rows.append(
+                    {
+                        "environment": env_name,
+                        "task": template.id.name,
+                        "type": template.type,
+                        "image": image,
+                        "resources": resources,
+                        "inputs": {v.key: _literal_type_text(v.value) for v in template.interface.inputs.variables},
+                        "outputs": {v.key: _literal_type_text(v.value) for v in template.interface.outputs.variables},
+                        "plugin": _plugin_summary(template.type, custom),
+                    }
+                )
+    return rows
+
+
+def _resource_name(value: int) -> str:
+    from flyteidl2.core import tasks_pb2
+
+    return tasks_pb2.Resources.ResourceName.Name(value).lower()
+
+
+def _struct_to_dict(struct: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(struct)
+
+
+def _plugin_summary(task_type: str, custom: dict[str, Any]) -> str:
+    if task_type != "ray":
+        return ""
+    groups = custom.get("rayCluster", {}).get("workerGroupSpec", [])
+    parts = []
+    for group in groups:
+        gpus = group.get("rayStartParams", {}).get("num-gpus", "?")
+        parts.append(f"{group.get('groupName')}: {int(group.get('replicas', 0))} pod(s) x {gpus} GPU")
+    return "RayJob " + "; ".join(parts)
+
+
+def pickled_interfaces(rows: list[dict[str, Any]]) -> list[str]:
+    """``env/task: input x`` for every input/output that falls back to Flyte's pickle transport."""
+    bad = []
+    for row in rows:
+        for direction in ("inputs", "outputs"):
+            for name, text in row[direction].items():
+                if "FlytePickle" in text or "PythonPickle" in text:
+                    bad.append(f"{row['task']}: {direction[:-1]} {name!r}")
+    return bad
+
+
+def serialise(envs: list[Any], *, dry_run: bool, version: str) -> list[dict[str, Any]]:
+    import flyte
+
+    try:
+        deployments = flyte.deploy(*envs, dry_run=dry_run, version=version, copy_style="none" if dry_run else "loaded_modules")
+    except Exception as err:
+        raise DeployError(
+            f"serialising environments {[e.name for e in envs]} failed: {type(err).__name__}: {err}"
+        ) from err
+    return task_rows(deployments)
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for env in sorted({r["environment"] for r in rows}):
+        lines.append(f"environment {env}:")
+        for row in (r for r in rows if r["environment"] == env):
+            res = ", ".join(f"{k}={v}" for k, v in sorted(row["resources"].items())) or "-"
+            lines.append(f"  task {row['task']}  [{row['type']}]  image {row['image'] or '-'}  requests {res}")
+            lines.append(f"    inputs: {', '.join(row['inputs']) or '-'}  ->  outputs: {', '.join(row['outputs']) or '-'}")
+            if row["plugin"]:
+                lines.append(f"    {row['plugin']}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``dapo deploy``."""
+    parser.add_argument("--dry-run", action="store_true", help="serialise every task offline; register nothing")
+    parser.add_argument("--config", help="run config YAML to validate and size for the cluster")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a config field")
+    parser.add_argument("--module", action="append", default=[], metavar="MODULE_OR_FILE",
+                        help="also import this module (dotted name or .py file) and deploy its environments")
+    parser.add_argument("--target", choices=("cluster", "local"), default="cluster",
+                        help="which environments to build (default: %(default)s)")
+    parser.add_argument("--model", default="", help=f"architecture to size, one of {sorted(KNOWN_ARCHITECTURES)}")
+    parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GB (default: %(default)s)")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024,
+                        help="longest prompt assumed by the sizing (default: %(default)s)")
+    parser.add_argument("--run-store-pvc", default="", help="ReadWriteMany PVC holding the run store, mounted in every pod")
+    parser.add_argument("--run-store-mount", default="/runs", help="where the run store is mounted (default: %(default)s)")
+    parser.add_argument("--sizing", action="store_true", help="print the sizing tables (docs/CLUSTER.md) and exit")
+    parser.add_argument("--sizing-out", help="with --sizing: also write the tables to this file")
+    parser.add_argument("--flyte-config", help="Flyte config of the backend to register with (not with --dry-run)")
+    parser.add_argument("--project", default="dapo", help="Flyte project (dry run; default: %(default)s)")
+    parser.add_argument("--domain", default="development", help="Flyte domain (dry run; default: %(default)s)")
+    parser.add_argument("--version", default="", help="version to register (default: dry-run, or derived by Flyte)")
+    parser.add_argument("--json-out", help="write the serialised task summary and plan as JSON here")
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    plan = None
+    plan_env: dict[str, Any] = {"gpus_per_node": args.gpus_per_node, "run_store_pvc": args.run_store_pvc,
+                                "run_store_mount": args.run_store_mount}
+    if args.config:
+        from workflows.config import ConfigError, load_config
+
+        try:
+            config = load_config(args.config, args.set)
+        except (ConfigError, ValueError) as err:
+            raise DeployError(f"config: {err}") from err
+        plan, plan_env = resolve_plan(config, args)
+        print(f"config {args.config}: valid (digest {config.digest()})")
+    # Set before anything imports infra.environments: the environments are built from these.
+    os.environ["DAPO_FLYTE_TARGET"] = args.target
+    os.environ["DAPO_CLUSTER_PLAN"] = json.dumps(plan_env, sort_keys=True)
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # the SDK sends telemetry otherwise
+    # Loading the config imported the task modules, which built the environments for the target
+    # of that moment; forget them so the imports below rebuild them for this target and plan.
+    for name in list(sys.modules):
+        if name in ("infra.environments", "tasks", "workflows.driver", "workflows.pipeline") or name.startswith("tasks."):
+            del sys.modules[name]
+
+    import flyte
+
+    if args.dry_run:
+        flyte.init(endpoint=PLACEHOLDER_ENDPOINT, project=args.project, domain=args.domain, root_dir=str(REPO_ROOT),
+                   image_builder="local")
+    else:
+        if not args.flyte_config:
+            raise DeployError("registering needs --flyte-config (the backend's config.yaml); or pass --dry-run")
+        flyte.init_from_config(args.flyte_config, root_dir=REPO_ROOT)
+
+    modules = [import_module(name) for name in (*PIPELINE_MODULES, *args.module)]
+    envs = collect_environments(modules)
+    from infra import environments
+
+    if environments.TARGET != args.target:
+        raise DeployError(f"environments were built for target {environments.TARGET!r}, not {args.target!r}")
+    check_expected_tasks(envs)
+    rows = serialise(envs, dry_run=args.dry_run, version=args.version or ("dry-run" if args.dry_run else ""))
+    pickled = pickled_interfaces(rows)
+    if pickled:
+        raise DeployError(
+            "task interface(s) with no Flyte type (would be pickled; cannot be set from the UI, unstable cache keys): "
+            + "; ".join(pickled)
+        )
+    verb = "would register" if args.dry_run else "registered"
+    print(f"dapo deploy ({args.target}): {verb} {len(rows)} task(s) in {len(envs)} environment(s)")
+    print(format_rows(rows))
+    if plan is not None:
+        print(sizing.format_plan(plan))
+    elif args.config:
+        print("resolved resources: the tiny policy needs no GPU (one engine, one training process)")
+    if args.json_out:
+        payload = {"tasks": rows, "plan": dataclasses.asdict(plan) if plan else None, "cluster_plan_env": plan_env}
+        Path(args.json_out).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``dapo deploy``: exit 0 when every task serialised (or registered), 1 with a message otherwise."""
+    if args.sizing:
+        text = sizing.sizing_tables_markdown(sizing.QWEN2_5_32B, gpu_memory_bytes=int(args.gpu_memory_gb * sizing.GB))
+        print(text, end="")
+        if args.sizing_out:
+            Path(args.sizing_out).write_text(text)
+        return 0
+    try:
+        return _deploy(args)
+    except (DeployError, ValueError) as err:
+        print(f"dapo deploy: error: {err}", file=sys.stderr)
+        return 1

@@ -1,0 +1,496 @@
+"""GPU sizing arithmetic for a cluster run: memory per GPU for rollout and training, GPUs per stage.
+
+Pure functions over integers and floats (stdlib only): no flyte, torch or config objects. The
+deploy command (infra/deploy.py) unpacks a RunConfig into these scalars, and the table in
+docs/CLUSTER.md is printed by ``dapo deploy --sizing`` from the same functions, never typed by
+hand.
+
+Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
+
+- Rollout (vLLM): bf16 weights split over the tensor-parallel group; what is left of
+  ``gpu_memory_utilization`` x GPU memory after weights and a fixed per-GPU workspace is KV cache.
+  KV cache per token = 2 (K and V) x layers x KV heads x head dim x 2 bytes (bf16): grouped-query
+  attention (8 KV heads for 40 query heads) is what keeps 20480-token responses affordable.
+- Training (DeepSpeed, infra/deepspeed.py): per parameter 2 bytes bf16 weights, 4 bytes gradients
+  (our config accumulates gradients in fp32: ``data_types.grad_accum_dtype``), 12 bytes optimizer
+  state (fp32 master copy + Adam first and second moments). ZeRO-1 partitions the 12, ZeRO-2 also
+  the gradients, ZeRO-3 everything, over the data-parallel GPUs.
+- Activations, roughly, for one micro-batch of ``tokens`` tokens with activation checkpointing:
+  every layer's input kept (layers x tokens x hidden x 2 bytes), one layer recomputed at a time
+  (about tokens x (4 hidden + 3 intermediate) x 2 bytes), and the logits: tokens x vocab x 10
+  bytes (bf16 logits, their fp32 log-softmax and its fp32 gradient). At 20480 tokens the logits
+  dominate; computing log-probs in chunks of the sequence would remove most of that term.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+GB = 10**9  # decimal gigabyte: GPU vendors' "80 GB" is ~80e9 usable bytes (H100 SXM: 81,559 MiB)
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelArchitecture:
+    """The shape numbers of a decoder-only transformer that decide its memory."""
+
+    name: str  # human name, printed in tables
+    layers: int  # transformer blocks
+    hidden_size: int  # model width
+    query_heads: int  # attention query heads
+    kv_heads: int  # key/value heads (grouped-query attention)
+    head_dim: int  # width of one head
+    intermediate_size: int  # SwiGLU MLP width
+    vocab_size: int  # embedding rows (and LM-head columns)
+    tied_embeddings: bool  # LM head shares the embedding matrix
+    qkv_bias: bool  # q/k/v projections carry a bias (Qwen2 does)
+    nominal_params: int  # the parameter count its publisher states, for cross-checking
+
+
+# Qwen2.5-32B, from its published config.json (Qwen/Qwen2.5-32B on the Hugging Face hub:
+# num_hidden_layers 64, hidden_size 5120, num_attention_heads 40, num_key_value_heads 8,
+# intermediate_size 27648, vocab_size 152064, tie_word_embeddings false; head dim 5120 / 40 = 128)
+# and the Qwen2.5 technical report (arXiv 2412.15115, table 1: 32.5B parameters, 31.0B without
+# embeddings; counting the untied LM head as well gives ~32.8B).
+QWEN2_5_32B = ModelArchitecture(
+    name="Qwen2.5-32B",
+    layers=64,
+    hidden_size=5120,
+    query_heads=40,
+    kv_heads=8,
+    head_dim=128,
+    intermediate_size=27648,
+    vocab_size=152064,
+    tied_embeddings=False,
+    qkv_bias=True,
+    nominal_params=32_800_000_000,
+)
+
+
+def parameter_count(arch: ModelArchitecture) -> int:
+    """Parameters derived from the shape: embeddings, attention, SwiGLU MLP, RMSNorms, LM head."""
+    h = arch.hidden_size
+    q_width = arch.query_heads * arch.head_dim
+    kv_width = arch.kv_heads * arch.head_dim
+    attention = h * q_width + 2 * h * kv_width + q_width * h
+    if arch.qkv_bias:
+        attention += q_width + 2 * kv_width
+    mlp = 3 * h * arch.intermediate_size  # gate, up and down projections
+    norms = 2 * h  # input and post-attention RMSNorm weights
+    per_layer = attention + mlp + norms
+    embeddings = arch.vocab_size * h * (1 if arch.tied_embeddings else 2)
+    return arch.layers * per_layer + embeddings + h  # + the final RMSNorm
+
+
+def weight_bytes(params: int, bytes_per_param: int = BF16_BYTES) -> int:
+    """Bytes of one copy of the weights (bf16 by default)."""
+    return params * bytes_per_param
+
+
+def kv_cache_bytes_per_token(arch: ModelArchitecture, bytes_per_element: int = BF16_BYTES) -> int:
+    """KV-cache bytes one token occupies in every layer: 2 (K, V) x layers x kv heads x head dim x bytes."""
+    return 2 * arch.layers * arch.kv_heads * arch.head_dim * bytes_per_element
+
+
+def kv_cache_bytes_per_sequence(arch: ModelArchitecture, tokens: int, bytes_per_element: int = BF16_BYTES) -> int:
+    """KV-cache bytes of one sequence of ``tokens`` tokens (prompt + response)."""
+    return tokens * kv_cache_bytes_per_token(arch, bytes_per_element)
+
+
+def training_state_bytes_per_gpu(
+    params: int,
+    zero_stage: int,
+    gpus: int,
+    *,
+    weight_bytes_per_param: int = BF16_BYTES,
+    grad_bytes_per_param: int = 4,
+    optimizer_bytes_per_param: int = 12,
+) -> int:
+    """Weights + gradients + optimizer state held by one of ``gpus`` data-parallel GPUs.
+
+    ZeRO-1 partitions the optimizer state (fp32 master + Adam moments), ZeRO-2 also the
+    gradients, ZeRO-3 also the weights (DeepSpeed's ZeRO paper, arXiv 1910.02054, sec. 5).
+    """
+    if zero_stage not in (1, 2, 3):
+        raise ValueError(f"zero_stage must be 1, 2 or 3, got {zero_stage}")
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    weights = params * weight_bytes_per_param
+    grads = params * grad_bytes_per_param
+    optimizer = params * optimizer_bytes_per_param
+    if zero_stage == 1:
+        return weights + grads + math.ceil(optimizer / gpus)
+    if zero_stage == 2:
+        return weights + math.ceil((grads + optimizer) / gpus)
+    return math.ceil((weights + grads + optimizer) / gpus)
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Rough activation memory of one micro-batch on one GPU (bytes)."""
+
+    checkpoints: int  # every layer's input, kept by activation checkpointing
+    layer_working_set: int  # one layer's activations while it is recomputed for backward
+    logits: int  # bf16 logits + fp32 log-softmax + its fp32 gradient
+    total: int
+
+
+def activation_bytes(
+    arch: ModelArchitecture,
+    tokens_per_micro_batch: int,
+    *,
+    bytes_per_element: int = BF16_BYTES,
+    logit_bytes_per_element: int = 10,
+) -> ActivationEstimate:
+    """Rough activation bytes of a micro-batch of ``tokens_per_micro_batch`` tokens (see module doc)."""
+    t = tokens_per_micro_batch
+    checkpoints = arch.layers * t * arch.hidden_size * bytes_per_element
+    working = t * (4 * arch.hidden_size + 3 * arch.intermediate_size) * bytes_per_element
+    logits = t * arch.vocab_size * logit_bytes_per_element
+    return ActivationEstimate(checkpoints, working, logits, checkpoints + working + logits)
+
+
+def zero3_gather_bytes(arch: ModelArchitecture, params: int, prefetch_layers: int = 2) -> int:
+    """ZeRO-3 working buffer: the bf16 parameters of ``prefetch_layers`` gathered layers."""
+    embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tied_embeddings else 2)
+    per_layer = (params - embeddings) / arch.layers
+    return int(prefetch_layers * per_layer * BF16_BYTES)
+
+
+def train_bytes_per_gpu(
+    arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int
+) -> int:
+    """Training memory of one GPU: states + activations (+ the ZeRO-3 gather buffer)."""
+    total = training_state_bytes_per_gpu(params, zero_stage, gpus)
+    total += activation_bytes(arch, tokens_per_micro_batch).total
+    if zero_stage == 3:
+        total += zero3_gather_bytes(arch, params)
+    return total
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """Memory of one vLLM engine spread over ``tensor_parallel`` GPUs (bytes)."""
+
+    tensor_parallel: int
+    weights_per_gpu: int
+    kv_budget_per_engine: int  # what vLLM may give the KV cache, over the whole TP group
+    kv_per_sequence: int
+    full_length_sequences: int  # sequences of the full length whose KV cache fits at once
+
+
+def engine_memory(
+    arch: ModelArchitecture,
+    params: int,
+    tensor_parallel: int,
+    *,
+    tokens_per_sequence: int,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    workspace_bytes_per_gpu: int = 3 * GB,
+) -> EngineMemory:
+    """KV-cache budget of one engine: utilisation x GPU memory - weights shard - workspace, per GPU.
+
+    ``workspace_bytes_per_gpu`` stands for vLLM's activation peak, CUDA graphs and the sampler's
+    logits (a rough allowance; vLLM measures its own at start-up).
+    """
+    if tensor_parallel < 1 or arch.kv_heads % tensor_parallel:
+        raise ValueError(f"tensor_parallel={tensor_parallel} must divide the {arch.kv_heads} KV heads")
+    weights = math.ceil(weight_bytes(params) / tensor_parallel)
+    per_gpu_free = int(gpu_memory_bytes * gpu_memory_utilization) - weights - workspace_bytes_per_gpu
+    budget = max(0, per_gpu_free) * tensor_parallel
+    per_seq = kv_cache_bytes_per_sequence(arch, tokens_per_sequence)
+    return EngineMemory(tensor_parallel, weights, budget, per_seq, budget // per_seq)
+
+
+def choose_tensor_parallel(
+    arch: ModelArchitecture,
+    params: int,
+    *,
+    min_sequences: int,
+    tokens_per_sequence: int,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    gpus_per_node: int,
+) -> EngineMemory:
+    """The smallest tensor-parallel size whose engine holds ``min_sequences`` full-length sequences.
+
+    Candidates are the divisors of the KV-head count up to ``gpus_per_node`` (an engine stays in
+    one node). Raises ValueError when even the largest does not fit.
+    """
+    candidates = [tp for tp in range(1, gpus_per_node + 1) if arch.kv_heads % tp == 0]
+    for tp in candidates:
+        memory = engine_memory(
+            arch, params, tp, tokens_per_sequence=tokens_per_sequence, gpu_memory_bytes=gpu_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        if memory.full_length_sequences >= min_sequences:
+            return memory
+    raise ValueError(
+        f"{arch.name}: no tensor-parallel size <= {gpus_per_node} holds {min_sequences} sequences of "
+        f"{tokens_per_sequence} tokens on {gpu_memory_bytes / GB:.0f} GB GPUs"
+    )
+
+
+def choose_train_gpus(
+    arch: ModelArchitecture,
+    params: int,
+    *,
+    zero_stage: int,
+    tokens_per_micro_batch: int,
+    gpu_memory_bytes: int,
+    usable_fraction: float,
+    gpus_per_node: int,
+    max_nodes: int = 64,
+) -> int:
+    """The fewest GPUs (whole nodes once past one node) whose per-GPU training memory fits.
+
+    ``usable_fraction`` leaves room for the allocator's fragmentation and NCCL buffers.
+    """
+    limit = gpu_memory_bytes * usable_fraction
+    candidates = [g for g in (1, 2, 4) if g < gpus_per_node] + [gpus_per_node * n for n in range(1, max_nodes + 1)]
+    for gpus in candidates:
+        if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch) <= limit:
+            return gpus
+    raise ValueError(
+        f"{arch.name}: ZeRO-{zero_stage} training with {tokens_per_micro_batch} tokens per micro-batch does not "
+        f"fit {max_nodes} nodes of {gpus_per_node} x {gpu_memory_bytes / GB:.0f} GB GPUs"
+    )
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """Resolved resources of a run on a cluster of identical GPU nodes."""
+
+    model: str
+    params: int
+    gpu_memory_bytes: int
+    gpus_per_node: int
+    # rollout
+    tokens_per_sequence: int  # prompt cap + response cap
+    rollout_tensor_parallel: int
+    rollout_engines: int
+    rollout_gpus: int
+    rollout_nodes: int
+    rollout_weights_per_gpu: int
+    rollout_kv_per_sequence: int
+    rollout_sequences_per_engine: int  # full-length sequences whose KV cache fits at once
+    # training
+    zero_stage: int
+    micro_batch_samples: int  # samples per forward/backward the plan assumes (may be below the config's)
+    tokens_per_micro_batch: int
+    train_gpus: int
+    train_nodes: int
+    train_nproc_per_node: int
+    train_state_per_gpu: int
+    train_activations_per_gpu: int
+    train_total_per_gpu: int
+    # as configured, for comparison (0 = not given)
+    configured_train_processes: int
+    configured_micro_batch_samples: int
+    configured_rollout_engines: int
+    configured_tensor_parallel: int
+
+    def warnings(self) -> list[str]:
+        """Where the run config disagrees with the plan (printed by ``dapo deploy``)."""
+        out = []
+        if self.micro_batch_samples < self.configured_micro_batch_samples:
+            out.append(
+                f"train.micro_batch_samples={self.configured_micro_batch_samples} does not fit one "
+                f"{self.gpu_memory_bytes / GB:.0f} GB GPU at {self.tokens_per_sequence} tokens per sample at any GPU "
+                f"count; planned with {self.micro_batch_samples} (set --set train.micro_batch_samples="
+                f"{self.micro_batch_samples})"
+            )
+        if self.configured_tensor_parallel and self.configured_tensor_parallel != self.rollout_tensor_parallel:
+            out.append(
+                f"rollout.tensor_parallel_size={self.configured_tensor_parallel} but a {self.tokens_per_sequence}-token "
+                f"group needs {self.rollout_tensor_parallel} GPUs per engine (set --set rollout.tensor_parallel_size="
+                f"{self.rollout_tensor_parallel})"
+            )
+        if self.configured_rollout_engines and self.configured_rollout_engines * self.rollout_tensor_parallel > self.rollout_gpus:
+            out.append(
+                f"rollout.engines={self.configured_rollout_engines} x tensor_parallel {self.rollout_tensor_parallel} "
+                f"exceeds the planned {self.rollout_gpus} rollout GPUs"
+            )
+        if self.configured_train_processes and self.configured_train_processes < self.train_gpus:
+            out.append(
+                f"train.num_processes={self.configured_train_processes} but ZeRO-{self.zero_stage} needs "
+                f"{self.train_gpus} GPUs of {self.gpu_memory_bytes / GB:.0f} GB at {self.tokens_per_micro_batch} "
+                "tokens per micro-batch"
+            )
+        if self.train_nodes > 1:
+            out.append(
+                f"training spans {self.train_nodes} nodes: tasks/train.py launches torchrun --standalone (one node); "
+                "multi-node needs the PyTorch Elastic plugin to start the ranks (docs/CLUSTER.md)"
+            )
+        return out
+
+
+def plan_cluster(
+    arch: ModelArchitecture,
+    *,
+    zero_stage: int,
+    micro_batch_samples: int,
+    max_prompt_tokens: int,
+    max_response_tokens: int,
+    samples_per_prompt: int,
+    gpu_memory_bytes: int = 80 * GB,
+    gpus_per_node: int = 8,
+    gpu_memory_utilization: float = 0.85,
+    usable_fraction: float = 0.9,
+    rollout_gpus: int = 0,
+    configured_train_processes: int = 0,
+    configured_rollout_engines: int = 0,
+    configured_tensor_parallel: int = 0,
+) -> ClusterPlan:
+    """GPUs per stage for a run: engines x tensor parallel for rollout, nodes x GPUs for training.
+
+    An engine must hold one whole group (``samples_per_prompt`` sequences, eq. 9's G) at the full
+    length at once. Rollout and training run one after the other (the driver's loop), so by
+    default rollout gets as many GPUs as training (``rollout_gpus`` = 0).
+    """
+    params = parameter_count(arch)
+    tokens = max_prompt_tokens + max_response_tokens
+    engine = choose_tensor_parallel(
+        arch, params, min_sequences=samples_per_prompt, tokens_per_sequence=tokens,
+        gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
+        gpus_per_node=gpus_per_node,
+    )
+    # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
+    # does not fit one GPU at any GPU count falls back to one sample per micro-batch (the loss is
+    # the same: micro-batches only split the memory, tasks/train_worker.py).
+    micro = micro_batch_samples
+    while True:
+        mb_tokens = micro * tokens
+        try:
+            train_gpus = choose_train_gpus(
+                arch, params, zero_stage=zero_stage, tokens_per_micro_batch=mb_tokens,
+                gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
+            )
+            break
+        except ValueError:
+            if micro == 1:
+                raise
+            micro = 1
+    r_gpus = rollout_gpus or max(train_gpus, engine.tensor_parallel)
+    r_gpus -= r_gpus % engine.tensor_parallel
+    state = training_state_bytes_per_gpu(params, zero_stage, train_gpus)
+    acts = activation_bytes(arch, mb_tokens).total
+    return ClusterPlan(
+        model=arch.name,
+        params=params,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpus_per_node=gpus_per_node,
+        tokens_per_sequence=tokens,
+        rollout_tensor_parallel=engine.tensor_parallel,
+        rollout_engines=r_gpus // engine.tensor_parallel,
+        rollout_gpus=r_gpus,
+        rollout_nodes=math.ceil(r_gpus / gpus_per_node),
+        rollout_weights_per_gpu=engine.weights_per_gpu,
+        rollout_kv_per_sequence=engine.kv_per_sequence,
+        rollout_sequences_per_engine=engine.full_length_sequences,
+        zero_stage=zero_stage,
+        micro_batch_samples=micro,
+        tokens_per_micro_batch=mb_tokens,
+        train_gpus=train_gpus,
+        train_nodes=math.ceil(train_gpus / gpus_per_node),
+        train_nproc_per_node=min(train_gpus, gpus_per_node),
+        train_state_per_gpu=state,
+        train_activations_per_gpu=acts,
+        train_total_per_gpu=train_bytes_per_gpu(arch, params, zero_stage, train_gpus, mb_tokens),
+        configured_train_processes=configured_train_processes,
+        configured_micro_batch_samples=micro_batch_samples,
+        configured_rollout_engines=configured_rollout_engines,
+        configured_tensor_parallel=configured_tensor_parallel,
+    )
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _gb(value: float) -> str:
+    return f"{value / GB:,.1f}"
+
+
+def sizing_tables_markdown(
+    arch: ModelArchitecture,
+    *,
+    response_tokens: int = 20480,
+    prompt_tokens: int = 1024,
+    gpu_memory_bytes: int = 80 * GB,
+    gpu_memory_utilization: float = 0.85,
+    gpu_counts: tuple[int, ...] = (8, 16, 32, 64),
+    micro_batch_samples: int = 1,
+) -> str:
+    """Markdown tables: model memory, training memory per GPU by ZeRO stage and GPU count, engines."""
+    params = parameter_count(arch)
+    kv_token = kv_cache_bytes_per_token(arch)
+    lines = [
+        f"### {arch.name}: {params:,} parameters (derived from the shape; published ~{arch.nominal_params / 1e9:.1f}B)",
+        "",
+        "| quantity | GB |",
+        "|---|---:|",
+        f"| bf16 weights | {_gb(weight_bytes(params))} |",
+        f"| fp32 gradients (accumulated in fp32) | {_gb(params * 4)} |",
+        f"| fp32 master weights + Adam m, v | {_gb(params * 12)} |",
+        f"| KV cache per token (bf16) | {kv_token / 1e6:.3f} MB |",
+        f"| KV cache per sequence at {response_tokens} tokens | {_gb(kv_cache_bytes_per_sequence(arch, response_tokens))} |",
+        f"| KV cache per sequence at {prompt_tokens}+{response_tokens} tokens | "
+        f"{_gb(kv_cache_bytes_per_sequence(arch, prompt_tokens + response_tokens))} |",
+        "",
+    ]
+    mb_tokens = micro_batch_samples * (prompt_tokens + response_tokens)
+    acts = activation_bytes(arch, mb_tokens)
+    lines += [
+        f"Activations of one micro-batch ({micro_batch_samples} x {prompt_tokens + response_tokens} tokens, "
+        f"activation checkpointing): layer inputs {_gb(acts.checkpoints)} GB + one layer recomputed "
+        f"{_gb(acts.layer_working_set)} GB + logits {_gb(acts.logits)} GB = {_gb(acts.total)} GB per GPU.",
+        "",
+        f"Training memory per GPU (GB): states + activations (+ ZeRO-3 gather buffer); "
+        f"fits = at most 90% of {_gb(gpu_memory_bytes)} GB.",
+        "",
+        "| ZeRO | " + " | ".join(f"{g} GPUs" for g in gpu_counts) + " |",
+        "|---|" + "---:|" * len(gpu_counts),
+    ]
+    for stage in (1, 2, 3):
+        cells = []
+        for gpus in gpu_counts:
+            state = training_state_bytes_per_gpu(params, stage, gpus)
+            total = train_bytes_per_gpu(arch, params, stage, gpus, mb_tokens)
+            fits = "fits" if total <= gpu_memory_bytes * 0.9 else "no"
+            cells.append(f"{_gb(state)} + {_gb(total - state)} = {_gb(total)} ({fits})")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"vLLM engines on {_gb(gpu_memory_bytes)} GB GPUs at gpu_memory_utilization {gpu_memory_utilization} "
+        f"(3 GB workspace per GPU), sequences of {prompt_tokens}+{response_tokens} tokens:",
+        "",
+        "| tensor parallel | weights per GPU (GB) | KV budget per engine (GB) | full-length sequences per engine |",
+        "|---:|---:|---:|---:|",
+    ]
+    for tp in (tp for tp in (1, 2, 4, 8) if arch.kv_heads % tp == 0):
+        m = engine_memory(
+            arch, params, tp, tokens_per_sequence=prompt_tokens + response_tokens, gpu_memory_bytes=gpu_memory_bytes,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        lines.append(f"| {tp} | {_gb(m.weights_per_gpu)} | {_gb(m.kv_budget_per_engine)} | {m.full_length_sequences} |")
+    return "\n".join(lines) + "\n"
+
+
+def format_plan(plan: ClusterPlan) -> str:
+    """The resolved resources, one line per stage (printed by ``dapo deploy --config``)."""
+    gpu = f"{plan.gpu_memory_bytes / GB:.0f} GB GPUs"
+    lines = [
+        f"resolved resources for {plan.model} ({plan.params / 1e9:.2f}B parameters) on nodes of {plan.gpus_per_node} x {gpu}:",
+        f"  rollout : {plan.rollout_engines} vLLM engine(s) x tensor_parallel {plan.rollout_tensor_parallel} = "
+        f"{plan.rollout_gpus} GPUs on {plan.rollout_nodes} node(s) (Ray); weights {_gb(plan.rollout_weights_per_gpu)} GB/GPU, "
+        f"KV {_gb(plan.rollout_kv_per_sequence)} GB per {plan.tokens_per_sequence}-token sequence, "
+        f"{plan.rollout_sequences_per_engine} full-length sequences per engine",
+        f"  train   : ZeRO-{plan.zero_stage}, {plan.train_gpus} GPUs = {plan.train_nodes} node(s) x {plan.train_nproc_per_node} "
+        f"processes; per GPU {_gb(plan.train_state_per_gpu)} GB states + {_gb(plan.train_activations_per_gpu)} GB "
+        f"activations ({plan.tokens_per_micro_batch} tokens/micro-batch) = {_gb(plan.train_total_per_gpu)} GB",
+        "  cpu     : curate, score/filter, batch assembly, driver (no GPU)",
+    ]
+    lines += [f"  warning : {w}" for w in plan.warnings()]
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""``dapo deploy --dry-run``: every environment and task serialises offline, and a broken task fails it.
+
+Each case runs the CLI in its own process (the deploy target is fixed when the task modules are
+imported), ~10 s each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PAPER_CONFIG = REPO / "configs" / "qwen2.5-32b-dapo.yaml"
+
+
+def _deploy(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("DAPO_FLYTE_TARGET", None)
+    env.pop("DAPO_CLUSTER_PLAN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "workflows.cli", "deploy", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_dry_run_serialises_every_task() -> None:
+    result = _deploy("--dry-run")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "would register 8 task(s) in 3 environment(s)" in result.stdout
+    for task in ("curate", "bootstrap", "score", "assemble_batch", "dapo_pipeline", "rollout", "evaluate", "train"):
+        assert f".{task}  [" in result.stdout, task
+
+
+def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
+    out = tmp_path / "deploy.json"
+    result = _deploy("--dry-run", "--config", str(PAPER_CONFIG), "--run-store-pvc", "dapo-runs", "--json-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resolved resources for Qwen2.5-32B" in result.stdout
+    payload = json.loads(out.read_text())
+    tasks = {row["task"]: row for row in payload["tasks"]}
+    # rollout and evaluate are RayJobs: 4 worker pods of 8 GPUs (8 engines x tensor parallel 4)
+    assert tasks["dapo-rollout.rollout"]["type"] == "ray"
+    assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 4 pod(s) x 8 GPU"
+    # training: one node's 8 GPUs (what torchrun --standalone can use), the plan says 32
+    assert tasks["dapo-train.train"]["resources"]["gpu"] == "8"
+    assert payload["plan"]["train_gpus"] == 32 and payload["plan"]["zero_stage"] == 3
+    assert payload["cluster_plan_env"]["run_store_pvc"] == "dapo-runs"
+
+
+def test_a_task_with_an_unserialisable_input_fails_the_dry_run() -> None:
+    # Flyte serialises only tasks under the source root (the repository), so the throwaway module
+    # lives there for the duration of the test, under a unique name.
+    module = REPO / "tests" / "integration" / f"_throwaway_tasks_{uuid.uuid4().hex[:8]}.py"
+    module.write_text(
+        "import threading\n"
+        "import flyte\n"
+        "env = flyte.TaskEnvironment(name='throwaway')\n"
+        "class Opaque:\n"
+        "    def __init__(self) -> None:\n"
+        "        self.lock = threading.Lock()\n"
+        "@env.task\n"
+        "def broken(handle: Opaque, n: int) -> int:\n"
+        "    return n\n"
+    )
+    try:
+        result = _deploy("--dry-run", "--module", str(module))
+    finally:
+        module.unlink()
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "throwaway.broken: input 'handle'" in result.stderr
+    assert "no Flyte type" in result.stderr
+
+
+def test_a_module_that_fails_to_import_fails_the_dry_run(tmp_path: Path) -> None:
+    module = tmp_path / "bad_env.py"
+    module.write_text("import flyte\nenv = flyte.TaskEnvironment(name='bad', resources=flyte.Resources(gpu=-1))\n")
+    result = _deploy("--dry-run", "--module", str(module))
+    assert result.returncode == 1
+    assert f"importing {module}" in result.stderr

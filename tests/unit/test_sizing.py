@@ -1,0 +1,101 @@
+"""infra/sizing.py: memory arithmetic checked against numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra import sizing
+from infra.sizing import GB, QWEN2_5_32B
+
+# A toy shape small enough to count by hand.
+TOY = sizing.ModelArchitecture(
+    name="toy", layers=2, hidden_size=8, query_heads=2, kv_heads=1, head_dim=4, intermediate_size=16,
+    vocab_size=10, tied_embeddings=True, qkv_bias=False, nominal_params=0,
+)
+
+
+def test_parameter_count_of_a_toy_shape_by_hand() -> None:
+    # attention: q 8x8=64, k 8x4=32, v 8x4=32, o 8x8=64 -> 192; mlp 3*8*16 = 384; norms 2*8 = 16
+    # per layer 592, x2 layers = 1184; tied embeddings 10*8 = 80; final norm 8 -> 1272
+    assert sizing.parameter_count(TOY) == 1272
+
+
+def test_qwen25_32b_parameter_count_matches_the_published_size() -> None:
+    # per layer: attention 5120*5120*2 + 2*5120*1024 = 62,914,560, biases 5120 + 2*1024 = 7,168,
+    # mlp 3*5120*27648 = 424,673,280, norms 10,240 -> 487,605,248; x64 = 31,206,735,872
+    # embeddings + untied head 2*152064*5120 = 1,557,135,360; final norm 5,120 -> 32,763,876,352
+    params = sizing.parameter_count(QWEN2_5_32B)
+    assert params == 32_763_876_352
+    assert abs(params - QWEN2_5_32B.nominal_params) / QWEN2_5_32B.nominal_params < 0.01
+
+
+def test_kv_cache_per_token_and_per_20480_token_sequence() -> None:
+    # 2 (K,V) * 64 layers * 8 kv heads * 128 head dim * 2 bytes = 262,144 bytes per token
+    assert sizing.kv_cache_bytes_per_token(QWEN2_5_32B) == 262_144
+    # 20480 tokens * 262,144 = 5,368,709,120 bytes (exactly 5 GiB)
+    assert sizing.kv_cache_bytes_per_sequence(QWEN2_5_32B, 20480) == 5 * 1024**3
+
+
+def test_training_state_per_gpu_for_each_zero_stage() -> None:
+    # 1000 params: weights 2000 B, grads 4000 B, optimizer 12000 B, over 4 GPUs
+    assert sizing.training_state_bytes_per_gpu(1000, 1, 4) == 2000 + 4000 + 3000
+    assert sizing.training_state_bytes_per_gpu(1000, 2, 4) == 2000 + (4000 + 12000) // 4
+    assert sizing.training_state_bytes_per_gpu(1000, 3, 4) == 18000 // 4
+    with pytest.raises(ValueError, match="zero_stage"):
+        sizing.training_state_bytes_per_gpu(1000, 4, 4)
+
+
+def test_activation_estimate_of_the_toy_shape() -> None:
+    # 3 tokens: checkpoints 2 layers*3*8*2 B = 96; working set 3*(4*8 + 3*16)*2 = 480; logits 3*10*10 = 300
+    est = sizing.activation_bytes(TOY, 3)
+    assert (est.checkpoints, est.layer_working_set, est.logits, est.total) == (96, 480, 300, 876)
+
+
+def test_engine_memory_and_tensor_parallel_choice() -> None:
+    params = sizing.parameter_count(QWEN2_5_32B)
+    # TP 2 on 80 GB at 0.85: per GPU 68e9 - 32,763,876,352 (half of 65.5 GB) - 3e9 = 32,236,123,648;
+    # x2 = 64,472,247,296 B of KV; one 21504-token sequence = 21504*262,144 = 5,637,144,576 -> 11
+    mem = sizing.engine_memory(QWEN2_5_32B, params, 2, tokens_per_sequence=21504, gpu_memory_bytes=80 * GB,
+                               gpu_memory_utilization=0.85)
+    assert mem.kv_budget_per_engine == 64_472_247_296
+    assert mem.full_length_sequences == 11
+    # a group of 16 needs more than TP 2 gives: TP 4 (196.9 GB - ... -> 34 sequences)
+    chosen = sizing.choose_tensor_parallel(QWEN2_5_32B, params, min_sequences=16, tokens_per_sequence=21504,
+                                           gpu_memory_bytes=80 * GB, gpu_memory_utilization=0.85, gpus_per_node=8)
+    assert chosen.tensor_parallel == 4
+    with pytest.raises(ValueError, match="divide"):
+        sizing.engine_memory(QWEN2_5_32B, params, 3, tokens_per_sequence=10, gpu_memory_bytes=80 * GB,
+                             gpu_memory_utilization=0.85)
+
+
+def test_paper_config_plan() -> None:
+    plan = sizing.plan_cluster(
+        QWEN2_5_32B, zero_stage=3, micro_batch_samples=2, max_prompt_tokens=1024, max_response_tokens=20480,
+        samples_per_prompt=16, configured_train_processes=8,
+    )
+    # micro-batch 2 x 21504 tokens: logits alone 43008*152064*10 B = 65.4 GB > 72 GB usable once
+    # checkpoints (28.2 GB) are added, at any GPU count -> planned with 1 sample per micro-batch.
+    assert plan.micro_batch_samples == 1
+    # 1 x 21504 tokens: activations 51.2 GB + gather 2 layers 1.95 GB; states 18 B/param / N:
+    # N=16 -> 36.9 GB (90.1 total, no), N=32 -> 18.4 GB (71.6 total <= 72, fits)
+    assert plan.train_gpus == 32 and plan.train_nodes == 4 and plan.train_nproc_per_node == 8
+    assert plan.rollout_tensor_parallel == 4 and plan.rollout_engines == 8 and plan.rollout_nodes == 4
+    warnings = " ".join(plan.warnings())
+    assert "micro_batch_samples=2" in warnings and "num_processes=8" in warnings and "4 nodes" in warnings
+
+
+def test_sizing_table_is_computed_not_typed() -> None:
+    text = sizing.sizing_tables_markdown(QWEN2_5_32B)
+    assert "| bf16 weights | 65.5 |" in text
+    assert "| KV cache per sequence at 20480 tokens | 5.4 |" in text
+    assert "| 3 | 73.7 + 53.2 = 126.9 (no) |" in text  # ZeRO-3 on 8 GPUs does not fit
+    assert "| 4 | 16.4 | 194.5 | 34 |" in text
+
+
+def test_cluster_doc_holds_the_computed_table() -> None:
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "CLUSTER.md"
+    assert sizing.sizing_tables_markdown(QWEN2_5_32B) in doc.read_text(), (
+        "docs/CLUSTER.md is stale: regenerate its sizing section with `dapo deploy --sizing`"
+    )
