@@ -84,7 +84,14 @@ def is_cpu_platform() -> bool:
 
 
 def gpu_count() -> int:
-    """Visible CUDA devices (0 on CPU machines)."""
+    """GPUs the rollout may spread engines over: the Ray cluster's when this process is attached
+    to one (on a cluster the task runs on the Ray head, which has no GPU itself), else the
+    visible CUDA devices (0 on CPU machines)."""
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            return int(ray.cluster_resources().get("GPU", 0))
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
