@@ -81,13 +81,18 @@ def _step_row(
     train_s: float,
 ) -> dict[str, Any]:
     """The StepMetrics row: the train task's columns plus what rollout and scoring measured."""
-    samples = max(1, sum(s["samples"] for s in round_stats))
+    samples = sum(s["samples"] for s in round_stats)
+
+    def generated_mean(key: str) -> float:
+        # Over everything generated this step; NaN when carried surplus alone filled the batch.
+        return sum(s[key] * s["samples"] for s in round_stats) / samples if samples else math.nan
+
     row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
     row.update(
         reward_mean=float(pc.mean(batch.column("reward")).as_py()),
-        accuracy=sum(s["accuracy"] * s["samples"] for s in round_stats) / samples,
+        accuracy=generated_mean("accuracy"),
         response_length_mean=float(pc.mean(batch.column("response_length")).as_py()),
-        truncation_ratio=sum(s["truncation_ratio"] * s["samples"] for s in round_stats) / samples,
+        truncation_ratio=generated_mean("truncation_ratio"),
         generation_rounds=rounds,
         verdict_timeouts=sum(s["verdict_timeouts"] for s in round_stats),
         verdict_errors=sum(s["verdict_errors"] for s in round_stats),
