@@ -134,8 +134,7 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     log_path = work_dir / "worker.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-           "-m", "tasks.train_worker", str(spec_path)]
+    cmd = train_server.torchrun_command(num_processes, spec_path)
     with log_path.open("w") as log:
         # Own session, and on timeout torchrun and every rank (each in a session of its own) are
         # killed: none orphaned (train_server.kill_tree).

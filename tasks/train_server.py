@@ -208,6 +208,12 @@ def _write_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
+    """The one-node torchrun launch of ``tasks.train_worker`` (cold and warm paths alike)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
+            "-m", "tasks.train_worker", str(spec_path)]
+
+
 def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:
     """Launch torchrun in serve mode; returns at once (the first request waits for readiness)."""
     serve_dir = Path(tempfile.mkdtemp(prefix="dapo-train-serve-"))
@@ -217,8 +223,7 @@ def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], en
     spec_path = serve_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     log_path = serve_dir / "worker.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-           "-m", "tasks.train_worker", str(spec_path)]
+    cmd = torchrun_command(num_processes, spec_path)
     with log_path.open("w") as log:
         # Own session, so a timeout kills torchrun and every rank at once (as the cold path does).
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
