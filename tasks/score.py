@@ -24,7 +24,7 @@ import torch
 import schemas
 from dapo_core.advantages import group_advantages
 from dapo_core.overlong import soft_overlong_penalty
-from dapo_core.rewards import REWARD_VERSION, score_responses
+from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
 from dapo_core.sampling import REASON_KEPT, group_filter_reason
 from infra.environments import cpu_env, stage_cache
 
@@ -168,7 +168,7 @@ def score_table(
     for name, column in extra.items():
         scored = scored.append_column(name, column)
 
-    status_counts = Counter(v.status for v in verdicts)
+    verdict_counts = summarize_verdicts(verdicts)
     stats = ScoreStats(
         samples=n,
         groups=len(members),
@@ -176,8 +176,8 @@ def score_table(
         accuracy=float(correct.float().mean()),
         reward_mean=float(reward.mean()),
         truncation_ratio=float(truncated.float().mean()),
-        verdict_timeouts=status_counts.get("timeout", 0),
-        verdict_errors=status_counts.get("error", 0),
+        verdict_timeouts=verdict_counts.timeout,
+        verdict_errors=verdict_counts.error,
         decisions=dict(sorted(decision_counts.items())),
         seconds=time.perf_counter() - start,
     )
