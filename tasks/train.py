@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo_core.losses import AGGREGATIONS
 from infra.environments import stage_cache, train_env
 from tasks import checkpoints
 from tasks import train_batch as tb
@@ -73,6 +74,11 @@ class TrainConfig:
     grad_clip_norm: float = 1.0  # clip the global gradient 2-norm; 0 = off
     eps_low: float = 0.2  # lower clip range (paper sec. 3.1)
     eps_high: float = 0.28  # upper clip range, clip-higher (paper sec. 3.1)
+    # How token losses become the step's loss (dapo_core/losses.py): "token-mean" is DAPO's
+    # token-level loss (eq. 12, sec. 3.3); "seq-mean-token-mean" is GRPO's sample-level mean (the
+    # ablation's naive baseline); "seq-mean-token-sum-norm" is Dr.GRPO's (needs loss_norm_tokens).
+    loss_agg: str = "token-mean"
+    loss_norm_tokens: int = 0  # Dr.GRPO's constant per-response normaliser (use the rollout's max_response_tokens)
     dual_clip_c: float | None = None  # dual-clip bound for negative advantages (> 1), None = off
     tis_cap: float | None = None  # truncated importance sampling cap on pi_old / pi_rollout, None = off
     seed: int = 0  # mini-batch shuffling (with the step number added)
@@ -94,6 +100,9 @@ class TrainConfig:
             "warmup_steps": self.warmup_steps >= 0,
             "tis_cap": self.tis_cap is None or self.tis_cap > 0,
             "dual_clip_c": self.dual_clip_c is None or self.dual_clip_c > 1,
+            "loss_agg": self.loss_agg in AGGREGATIONS,
+            "loss_norm_tokens": self.loss_norm_tokens > 0 if self.loss_agg == "seq-mean-token-sum-norm"
+            else self.loss_norm_tokens >= 0,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -337,6 +346,8 @@ def train_steps(
             "grad_clip_norm": config.grad_clip_norm,
             "eps_low": config.eps_low,
             "eps_high": config.eps_high,
+            "loss_agg": config.loss_agg,
+            "loss_norm_tokens": config.loss_norm_tokens,
             "dual_clip_c": config.dual_clip_c,
             "tis_cap": config.tis_cap,
             "seed": config.seed,

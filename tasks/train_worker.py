@@ -99,6 +99,8 @@ class WorkerSpec:
     grad_clip_norm: float
     eps_low: float
     eps_high: float
+    loss_agg: str
+    loss_norm_tokens: int
     dual_clip_c: float | None
     tis_cap: float | None
     seed: int
@@ -300,10 +302,18 @@ class _StepRunner:
         lrs: list[float] = []
         updates = 0
         for m, micro in enumerate(plan):
-            mini_local_tokens = sum(
-                float(tb.select(batch, idx).loss_mask.sum()) for idx, w in micro if w > 0
-            )
-            (mini_tokens,) = _all_reduce([mini_local_tokens])
+            # The loss denominators are those of the whole mini-batch over every rank, so the summed
+            # micro-batch gradients equal the mini-batch gradient whatever the split (sec. 3.3).
+            real = [tb.select(batch, idx).loss_mask for idx, w in micro if w > 0]
+            mini_tokens, mini_seqs_valid, mini_seqs = _all_reduce([
+                sum(float(m.sum()) for m in real),
+                sum(float((m.sum(dim=-1) > 0).sum()) for m in real),
+                sum(float(m.shape[0]) for m in real),
+            ])
+            # seq-mean-token-mean averages over responses with a loss token (an overlong-filtered
+            # response is not a sample of the mean); Dr.GRPO's sum-norm over every response.
+            mini_sequences = {"token-mean": None, "seq-mean-token-mean": mini_seqs_valid,
+                              "seq-mean-token-sum-norm": mini_seqs}[spec.loss_agg]
             if mini_tokens == 0:
                 continue  # every sample of this mini-batch is overlong-filtered: nothing to learn
             finite = True
@@ -324,7 +334,9 @@ class _StepRunner:
                 loss, metrics = policy_loss(
                     lp.float(), old, advantages, mask,
                     eps_low=spec.eps_low, eps_high=spec.eps_high, dual_clip_c=spec.dual_clip_c,
-                    agg="token-mean", total_tokens=mini_tokens,
+                    agg=spec.loss_agg, total_sequences=mini_sequences,
+                    total_tokens=mini_tokens if spec.loss_agg == "token-mean" else None,
+                    max_response_tokens=spec.loss_norm_tokens or None,
                 )
                 finite = finite and bool(torch.isfinite(loss))
                 self.engine.backward(loss * (weight * scale))

@@ -176,7 +176,10 @@ def test_micro_batch_size_does_not_change_the_update(runs: dict) -> None:
 
 
 def _reference_step(ck0: Path, shard: Path, *, config: TrainConfig, step: int) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """The same step in plain torch: full mini-batch forward, TIS, AdamW, clip, linear warm-up."""
+    """The same step in plain torch: full mini-batch forward, TIS, AdamW, clip, linear warm-up.
+
+    The loss is aggregated over each whole mini-batch with ``config.loss_agg``.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(ck0, dtype=torch.float32)
@@ -198,7 +201,8 @@ def _reference_step(ck0: Path, shard: Path, *, config: TrainConfig, step: int) -
         old_mb = old[mini][:, : lp.shape[1]]
         # Truncated importance sampling: per-token weight min(pi_old / pi_rollout, cap) on the loss.
         tis = torch.clamp(torch.exp(old_mb - mb.rollout_log_probs), max=config.tis_cap)
-        loss, _ = policy_loss(lp, old_mb, mb.advantages * tis, mb.loss_mask)
+        loss, _ = policy_loss(lp, old_mb, mb.advantages * tis, mb.loss_mask, agg=config.loss_agg,
+                              max_response_tokens=config.loss_norm_tokens or None)
         opt.zero_grad()
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip_norm)))
@@ -214,6 +218,28 @@ def test_deepspeed_step_matches_a_plain_torch_reference(runs: dict) -> None:
     got = _weights(runs["A"].checkpoint_dir)
     assert _max_diff({k: got[k] for k in ref}, ref) < 1e-4
     assert _max_diff({k: got[k] for k in ref}, _weights(runs["ck0"])) > 1e-3  # it did move
+
+
+@pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_sample_level_losses_split_over_ranks_match_the_whole_mini_batch(runs: dict, tmp_path: Path, agg: str) -> None:
+    # 2 ranks x micro-batches of 2 with an overlong-filtered sample: the sequence counts must be
+    # those of the whole mini-batch (all-reduced), or the update would depend on the split.
+    config = replace(CONFIG, loss_agg=agg, loss_norm_tokens=12 if agg.endswith("sum-norm") else 0)
+    got = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "S1", step=1,
+                     config=replace(config, num_processes=2, micro_batch_samples=2, keep_workers_warm=False))
+    ref, norms = _reference_step(runs["ck0"], runs["shard1"], config=config, step=1)
+    assert got.worker_metrics[0]["grad_norms"] == pytest.approx(norms, rel=1e-4)
+    weights = _weights(got.checkpoint_dir)
+    assert _max_diff({k: weights[k] for k in ref}, ref) < 1e-4
+    token_mean = _weights(runs["A"].checkpoint_dir)
+    assert _max_diff({k: weights[k] for k in ref}, {k: token_mean[k] for k in ref}) > 1e-4  # a different loss
+
+
+def test_loss_agg_is_checked() -> None:
+    with pytest.raises(ValueError, match="loss_agg='mean'"):
+        TrainConfig(loss_agg="mean")
+    with pytest.raises(ValueError, match="loss_norm_tokens=0"):
+        TrainConfig(loss_agg="seq-mean-token-sum-norm")
 
 
 def test_optimizer_state_carries_over_through_the_checkpoint(runs: dict) -> None:
