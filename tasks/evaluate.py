@@ -1,8 +1,10 @@
 """The evaluation stage: avg@k, pass@k and maj@k of a checkpoint on a problem set.
 
 k samples per problem are drawn with the rollout engine (paper sec. 4.1: temperature 1.0,
-top_p 0.7, avg@32 on AIME 2024) and judged with the same reward code as training. Writes one
-EvalResult row per problem; the returned summary averages them over problems.
+top_p 0.7, avg@32 on AIME 2024) and judged with the same reward code as training. The problem set
+is our Problem shards or a raw file such as DAPO's AIME 2024 x32, whose 32 copies of a problem are
+one problem (tasks/eval_sets.py). Writes one EvalResult row per problem; the returned summary
+averages them over problems.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import schemas
+from dapo_core.answers import DAPO_PROMPT_TEMPLATE
 from dapo_core.eval_metrics import avg_at_k, majority_vote, pass_at_k
 from dapo_core.rewards import score_responses
 from infra.environments import rollout_env, stage_cache
 from tasks import checkpoints
-from tasks.rollout import RolloutConfig, generate_rollouts, load_problems
+from tasks.eval_sets import EvalProblem, load_eval_set
+from tasks.rollout import RolloutConfig, generate_rollouts
 
 
 @dataclass(frozen=True)
@@ -28,13 +32,14 @@ class EvalConfig:
     """Sampling and scoring of an evaluation (defaults: the paper's avg@k protocol, sec. 4.1)."""
 
     eval_set: str = "heldout"  # name recorded in EvalResult.eval_set
-    samples_per_problem: int = 32  # k samples per problem (paper: avg@32)
+    samples_per_problem: int = 32  # k samples per problem (paper: avg@32); 0 = one per copy of the problem in the input
     temperature: float = 1.0  # sampling temperature (paper: 1.0)
     top_p: float = 0.7  # nucleus sampling (paper: 0.7)
     max_response_tokens: int = 64  # response cap (use the training cap)
     max_problems: int = 0  # evaluate only the first N problems of the set; 0 = all
     seed: int = 0  # sampling seed (per-request seeds derive from it)
     reward_timeout_s: float = 5.0  # wall-clock limit per verdict
+    prompt_template: str = ""  # renders raw (non-Problem) input rows; "" = DAPO's template
 
 
 def evaluate_checkpoint(
@@ -52,23 +57,27 @@ def evaluate_checkpoint(
     the same process (vLLM's in-process engines disturb each other).
     """
     started = time.perf_counter()
-    problems = load_problems(problem_paths, None)
-    if config.max_problems:
-        problems = problems[: config.max_problems]
-    if not problems:
-        raise ValueError(f"{problem_paths}: no problems to evaluate")
-    table = schemas.read_shards(problem_paths, schemas.Problem)
-    gold = dict(zip(table.column("problem_id").to_pylist(), table.column("answer").to_pylist()))
-    rollout_config = dataclasses.replace(
-        engine_config,
-        samples_per_prompt=config.samples_per_problem,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_response_tokens=config.max_response_tokens,
-    )
-    rows, _ = generate_rollouts(
-        checkpoint_dir, problems, rollout_config, seed=config.seed, policy_version=step, generation_round=0
-    )
+    eval_set = load_eval_set(problem_paths, prompt_template=config.prompt_template or DAPO_PROMPT_TEMPLATE)
+    problems = eval_set.problems[: config.max_problems] if config.max_problems else eval_set.problems
+    gold = {p.problem_id: p.answer for p in problems}
+    # k per problem: the configured k, or (0) as many samples as the input had copies (AIME x32).
+    by_k: dict[int, list[EvalProblem]] = {}
+    for p in problems:
+        by_k.setdefault(config.samples_per_problem or p.copies, []).append(p)
+    rows: list[dict[str, Any]] = []
+    for k, members in by_k.items():
+        rollout_config = dataclasses.replace(
+            engine_config,
+            samples_per_prompt=k,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            max_response_tokens=config.max_response_tokens,
+        )
+        part, _ = generate_rollouts(
+            checkpoint_dir, [{"problem_id": p.problem_id, "prompt": p.prompt} for p in members], rollout_config,
+            seed=config.seed, policy_version=step, generation_round=0,
+        )
+        rows.extend(part)
     verdicts = score_responses(
         [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
     )
@@ -77,7 +86,7 @@ def evaluate_checkpoint(
     for i, r in enumerate(rows):
         by_problem.setdefault(r["problem_id"], []).append(i)
     out_rows = []
-    for pid in [p["problem_id"] for p in problems]:
+    for pid in [p.problem_id for p in problems]:
         idx = by_problem[pid]
         correct = [verdicts[i].correct for i in idx]
         maj_answer, maj_correct = majority_vote([verdicts[i].extracted_answer for i in idx], correct)
@@ -101,12 +110,15 @@ def evaluate_checkpoint(
         )
     schemas.write_shard(out_rows, out_path, schemas.EvalResult)
     n = len(out_rows)
-    k = config.samples_per_problem
+    ks = sorted({r["k"] for r in out_rows})
     return {
         "eval_set": config.eval_set,
         "checkpoint_id": checkpoint_id,
         "problems": n,
-        "k": k,
+        "k": ks[-1],  # samples per problem (the largest, when copies differ: see k_values)
+        "k_values": ks,
+        "input_rows": eval_set.input_rows,
+        "rejected_rows": eval_set.rejected,
         "avg_at_k": sum(r["avg_at_k"] for r in out_rows) / n,
         "pass_at_k": sum(pass_at_k(r["k"], r["num_correct"], r["k"]) for r in out_rows) / n,
         "maj_at_k": sum(r["maj_correct"] for r in out_rows) / n,
@@ -118,7 +130,8 @@ def evaluate_checkpoint(
 @rollout_env.task(
     cache=stage_cache(
         "evaluate",
-        ["tasks.evaluate", "tasks.rollout", "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas"],
+        ["tasks.evaluate", "tasks.eval_sets", "tasks.curate", "tasks.readers", "dapo_core.answers", "tasks.rollout",
+         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas"],
     )
 )
 def evaluate(
@@ -136,7 +149,9 @@ def evaluate(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="checkpoint folder (HF + dapo_checkpoint.json)")
-    parser.add_argument("problems", nargs="+", help="Problem shard(s) or folder(s) to evaluate on")
+    parser.add_argument("problems", nargs="+",
+                        help="Problem shard(s) or folder(s), or raw problem files (e.g. DAPO's AIME 2024 x32 parquet: "
+                             "copies of a problem count once, and --set samples_per_problem=0 draws one sample per copy)")
     parser.add_argument("--out", required=True, help="EvalResult shard to write")
     parser.add_argument("--step", type=int, default=0, help="training step of the checkpoint (recorded)")
     parser.add_argument("--config", help="run config YAML whose `evaluate` and `rollout` sections to start from")
@@ -148,8 +163,11 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.config import stage_config
 
     config = stage_config("evaluate", args.config, args.set)
+    if args.config and not config.prompt_template:
+        # Raw inputs get the run's own prompt template, the one its policy was trained on.
+        config = dataclasses.replace(config, prompt_template=stage_config("curate", args.config).prompt_template)
     engine_config = stage_config("rollout", args.config) if args.config else RolloutConfig()
-    paths = [str(p) for p in schemas.shard_paths(args.problems)]
+    paths = list(args.problems)
     summary = evaluate_checkpoint(args.checkpoint, paths, args.out, args.step, config, engine_config)
     print(json.dumps(summary, indent=2, sort_keys=True))
     print(f"wrote {Path(args.out)}")

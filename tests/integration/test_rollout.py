@@ -193,3 +193,22 @@ def test_request_seed_is_stable() -> None:
     assert len({a, ro.derive_request_seed(1, "abcd", 0, 1), ro.derive_request_seed(0, "abce", 0, 1),
                 ro.derive_request_seed(0, "abcd", 1, 1), ro.derive_request_seed(0, "abcd", 0, 2)}) == 5
     assert 0 <= a < 2**63
+
+
+def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path, workdir: Path) -> None:
+    # A raw file in the MATH layout with "3+4" copied twice and "9-5" three times, like DAPO's
+    # AIME x32 file: 2 problems, k = 2 and 3 with samples_per_problem = 0 (one sample per copy).
+    import json
+
+    from tasks.evaluate import EvalConfig, evaluate_checkpoint
+
+    raw = workdir / "repeated.jsonl"
+    raw.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n"
+                           for p, a in [("3+4", "7"), ("9-5", "4"), ("3+4", "7"), ("9-5", "4"), ("9-5", "4")]))
+    out = workdir / "eval" / "repeated.parquet"
+    config = EvalConfig(samples_per_problem=0, max_response_tokens=8, prompt_template="{problem}=\n")
+    summary = evaluate_checkpoint(str(checkpoint), [str(raw)], str(out), 0, config, _config())
+    assert (summary["problems"], summary["k_values"], summary["input_rows"]) == (2, [2, 3], 5)
+    table = schemas.read_shard(out, schemas.EvalResult)
+    assert table.column("k").to_pylist() == [2, 3]
+    assert table.column("problem_id").to_pylist() == [problem_id("3+4"), problem_id("9-5")]

@@ -1,0 +1,113 @@
+"""Evaluation sets: our Problem shards, or raw files such as DAPO's AIME 2024 repeated 32 times.
+
+DAPO publishes its evaluation set in verl's layout with every AIME problem copied 32 times, so
+that one sample per row gives avg@32. Counting those rows as problems would report 960 problems
+where there are 30, and weight each problem by how often it was copied. Here copies of a problem
+(same normalised text, hence same ``problem_id``) collapse into one problem that remembers how
+many copies it had; the evaluation then draws k samples of it, and k defaults to that count
+(``EvalConfig.samples_per_problem = 0``).
+
+Raw files go through the curation code (tasks/curate.py: integer-answer conversion, the same
+``problem_id``), so an evaluation problem and a curated training problem with the same text have
+the same id. A raw row whose answer cannot be converted cannot be scored: it is dropped and
+counted, with its reason, in ``EvalSet.rejected``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import schemas
+from dapo_core.answers import DAPO_PROMPT_TEMPLATE, problem_id
+from tasks.curate import CurateConfig, curate_records
+from tasks.readers import read_input
+
+
+@dataclass(frozen=True)
+class EvalProblem:
+    """One distinct evaluation problem."""
+
+    problem_id: str
+    prompt: str  # what the policy sees (the prompt template already applied)
+    answer: int  # gold integer answer
+    copies: int = 1  # rows of the input that held this problem (32 for DAPO's AIME x32 file)
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """The distinct problems of one or more inputs, in first-seen order."""
+
+    problems: list[EvalProblem]
+    input_rows: int  # rows read, copies and rejected rows included
+    rejected: dict[str, int] = field(default_factory=dict)  # reason code -> rows that cannot be scored
+
+
+def _is_problem_shard(path: Path) -> bool:
+    if path.suffix != ".parquet":
+        return False
+    names = set(pq.read_schema(path).names)
+    return set(schemas.arrow_schema(schemas.Problem).names) <= names
+
+
+def load_eval_set(paths: list[str], *, prompt_template: str = DAPO_PROMPT_TEMPLATE) -> EvalSet:
+    """Read Problem shards and/or raw problem files into distinct problems.
+
+    ``prompt_template`` renders raw rows (``{problem}`` marks the problem; Problem shards carry
+    their own prompt). Raises ValueError naming the file when nothing can be evaluated.
+    """
+    order: list[str] = []
+    prompts: dict[str, str] = {}
+    answers: dict[str, int] = {}
+    copies: dict[str, int] = {}
+    rejected: dict[str, int] = {}
+    input_rows = 0
+
+    def add(pid: str, prompt: str, answer: int, where: str) -> None:
+        if pid in answers and answers[pid] != answer:
+            raise ValueError(f"{where}: problem {pid} has gold answer {answer} here and {answers[pid]} in an earlier row")
+        if pid not in prompts:
+            order.append(pid)
+            prompts[pid], answers[pid] = prompt, answer
+        copies[pid] = copies.get(pid, 0) + 1
+
+    for raw_path in paths:
+        path = Path(raw_path)
+        if path.is_dir():
+            try:
+                nested = [str(p) for p in schemas.shard_paths(path)]
+            except FileNotFoundError as err:
+                raise ValueError(str(err)) from None
+            sub = load_eval_set(nested, prompt_template=prompt_template)
+            for p in sub.problems:
+                for _ in range(p.copies):
+                    add(p.problem_id, p.prompt, p.answer, str(path))
+            input_rows += sub.input_rows
+            for code, n in sub.rejected.items():
+                rejected[code] = rejected.get(code, 0) + n
+            continue
+        if not path.is_file():
+            raise ValueError(f"{path}: no such evaluation file")
+        if _is_problem_shard(path):
+            table = schemas.read_shard(path, schemas.Problem)
+            input_rows += table.num_rows
+            for pid, prompt, answer in zip(*(table.column(c).to_pylist() for c in ("problem_id", "prompt", "answer"))):
+                add(pid, prompt, answer, str(path))
+            continue
+        sources = read_input(f"{path}@test")
+        input_rows += sum(len(s.records) for s in sources)
+        kept, dropped = curate_records(sources, CurateConfig(prompt_template=prompt_template, dedup=True))
+        for row in kept:
+            add(row["problem_id"], row["prompt"], row["answer"], f"{path} row {row['source_row']}")
+        for row in dropped:
+            if row["reason_code"] == "duplicate":
+                # A copy of a kept problem: one more sample slot of it, not another problem.
+                copies[problem_id(row["problem"])] += 1
+            else:
+                rejected[row["reason_code"]] = rejected.get(row["reason_code"], 0) + 1
+    if not order:
+        raise ValueError(f"{paths}: no problem with an integer answer to evaluate (rejected: {rejected})")
+    problems = [EvalProblem(pid, prompts[pid], answers[pid], copies[pid]) for pid in order]
+    return EvalSet(problems=problems, input_rows=input_rows, rejected=rejected)
