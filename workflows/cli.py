@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "score": ("tasks.score", "reward, overlong handling, advantages and dynamic sampling -> ScoredRollout"),
     "train": ("tasks.train", "one DeepSpeed DAPO step from a checkpoint and ScoredRollout shards"),
     "eval": ("tasks.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
+    "ablate": ("workflows.ablation", "the paper's ablation ladder (naive GRPO ... DAPO) over several seeds"),
     "lineage": ("workflows.lineage", "trace a training sample or checkpoint back to its origins"),
     "deploy": ("infra.deploy", "serialise every Flyte environment and task for a cluster (--dry-run)"),
 }

@@ -103,6 +103,37 @@ def _step_row(
     return row
 
 
+async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
+    """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
+    drv = cfg.run
+    curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
+    train_paths = sorted(str(p) for p in layout.problems_dir.glob("train-*.parquet"))
+    test_paths = sorted(str(p) for p in layout.problems_dir.glob("test-*.parquet"))
+    if not train_paths or not test_paths:
+        raise RuntimeError(
+            f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
+            "give curate.test_fraction > 0 or inputs marked @train/@test"
+        )
+    checkpoint = await bootstrap.aio(train_paths, test_paths, str(layout.checkpoint(0)), cfg.bootstrap)
+    return {
+        "checkpoint": checkpoint,
+        "train_paths": train_paths,
+        "test_paths": test_paths,
+        "problems_train": curated.kept_by_split.get("train", 0),
+        "problems_test": curated.kept_by_split.get("test", 0),
+        "eval0": await _evaluate(cfg, layout, checkpoint, test_paths, 0),
+    }
+
+
+def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
+    """Record the resolved config in the run folder and clear what a killed invocation left."""
+    _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
+    # A killed earlier invocation may have left half-built checkpoints under hidden staging
+    # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
+    # per run folder at a time.
+    checkpoints.clean_stale_staging(layout.checkpoints_dir)
+
+
 @cpu_env.task(report=True)
 async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "") -> str:
     """Run or resume the DAPO pipeline into ``run_dir``; returns ``summary.json``'s content.
@@ -113,27 +144,22 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
     started = time.perf_counter()
     cfg = config_from_dict(json.loads(config_json), source=config_source or "dapo_pipeline input")
     layout = RunLayout(Path(run_dir))
+    start_run_folder(cfg, layout)
+    prepared = await prepare_run(cfg, layout)
+    summary = await train_and_report(cfg, layout, prepared, started=started)
+    await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
+    return json.dumps(summary, sort_keys=True)
+
+
+async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float) -> dict[str, Any]:
+    """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
+
+    Returns the summary, plus the report page inlined under ``_inline_report`` (for flyte.report).
+    """
     drv = cfg.run
-    _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
-    # A killed earlier invocation may have left half-built checkpoints under hidden staging
-    # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
-    # per run folder at a time.
-    checkpoints.clean_stale_staging(layout.checkpoints_dir)
-
-    # 1. curate
-    curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
-    train_paths = sorted(str(p) for p in layout.problems_dir.glob("train-*.parquet"))
-    test_paths = sorted(str(p) for p in layout.problems_dir.glob("test-*.parquet"))
-    if not train_paths or not test_paths:
-        raise RuntimeError(
-            f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
-            "give curate.test_fraction > 0 or inputs marked @train/@test"
-        )
+    checkpoint, train_paths, test_paths = prepared["checkpoint"], prepared["train_paths"], prepared["test_paths"]
     train_ids = _problem_ids(train_paths)
-
-    # 2. the step-0 policy, and its held-out accuracy
-    checkpoint = await bootstrap.aio(train_paths, test_paths, str(layout.checkpoint(0)), cfg.bootstrap)
-    evals = [await _evaluate(cfg, layout, checkpoint, test_paths, 0)]
+    evals = [prepared["eval0"]]
 
     cursor = 0
     carried: list[tuple[str, object]] = []
@@ -214,9 +240,10 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
         "pass_at_k_after": evals[-1]["pass_at_k"],
         "eval_problems": evals[0]["problems"],
         "eval_k": evals[0]["k"],
+        "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "pass_at_k", "maj_at_k")} for e in evals],
         "final_checkpoint": checkpoint,
-        "problems_train": curated.kept_by_split.get("train", 0),
-        "problems_test": curated.kept_by_split.get("test", 0),
+        "problems_train": prepared["problems_train"],
+        "problems_test": prepared["problems_test"],
         "wall_seconds": round(time.perf_counter() - started, 2),
         "step_seconds": [round(s, 2) for s in step_seconds],
     }
@@ -225,6 +252,5 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
         layout.report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
     )
     summary["report"] = str(page)
-    await flyte.report.replace.aio(inline_page, do_flush=True)
     _write_json(layout.summary, summary)
-    return json.dumps(summary, sort_keys=True)
+    return {**summary, "_inline_report": inline_page}

@@ -1,0 +1,85 @@
+"""The ablation ladder's configs (cumulative deltas) and its table, on hand-made run results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workflows.ablation import ladder, rung_config, rung_settings
+from workflows.ablation_report import format_table, rung_row, write_ablation
+from workflows.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_config(REPO / "configs" / "ablation-tiny.yaml")
+
+
+def test_naive_rung_is_grpo(base) -> None:
+    cfg = rung_config(base, rung_settings(ladder(base), 0), seed=3, name="n")
+    assert cfg.train.eps_high == cfg.train.eps_low == 0.2  # symmetric clip
+    assert cfg.train.loss_agg == "seq-mean-token-mean"  # sample-level loss
+    assert cfg.score.truncated_is_wrong and not cfg.score.overlong_filtering
+    assert not cfg.score.soft_overlong_punishment and not cfg.score.dynamic_sampling
+    assert (cfg.run.prompts_per_round, cfg.run.max_rounds) == (cfg.run.prompts_per_step, 1)  # no over-sampling
+    assert (cfg.run.seed, cfg.train.seed, cfg.run.name) == (3, 3, "n")
+
+
+def test_each_rung_adds_exactly_its_technique(base) -> None:
+    rungs = ladder(base)
+    assert [r.name for r in rungs] == ["naive GRPO", "+ overlong filtering", "+ clip-higher",
+                                       "+ soft overlong punishment", "+ token-level loss", "+ dynamic sampling (DAPO)"]
+    configs = [rung_config(base, rung_settings(rungs, i), seed=0, name="x").to_dict() for i in range(len(rungs))]
+    changed = []
+    for before, after in zip(configs, configs[1:]):
+        changed.append(sorted(f"{s}.{f}" for s in after for f in after[s] if after[s][f] != before[s][f]))
+    assert changed == [
+        ["score.overlong_filtering"],
+        ["train.eps_high"],
+        ["score.soft_overlong_punishment"],
+        ["train.loss_agg"],
+        ["run.max_rounds", "run.prompts_per_round", "score.dynamic_sampling"],
+    ]
+
+
+def test_last_rung_is_the_config_file(base) -> None:
+    rungs = ladder(base)
+    last = rung_config(base, rung_settings(rungs, len(rungs) - 1), seed=base.run.seed, name=base.run.name)
+    assert last.to_dict() == base.to_dict()
+
+
+def _run(seed: int, final: float, entropy: list[float]) -> dict:
+    metrics = [{"step": i + 1, "entropy": e, "response_length_mean": 20.0, "truncation_ratio": 0.1, "accuracy": 0.5,
+                "generation_rounds": 2, "clip_frac_high": 0.01, "clip_frac_low": 0.02} for i, e in enumerate(entropy)]
+    evals = [{"step": 0, "avg_at_k": 0.3, "pass_at_k": 0.5, "maj_at_k": 0.3},
+             {"step": len(entropy), "avg_at_k": final, "pass_at_k": 0.6, "maj_at_k": 0.4}]
+    summary = {"accuracy_before": 0.3, "accuracy_after": final, "pass_at_k_after": 0.6, "evals": evals, "eval_k": 4,
+               "eval_problems": 100, "steps": len(entropy), "wall_seconds": 10.0}
+    return {"seed": seed, "summary": summary, "metrics": metrics}
+
+
+def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
+    results = [
+        {"name": "naive GRPO", "settings": {"train.eps_high": 0.2}, "runs": [_run(0, 0.30, [1.0] * 4), _run(1, 0.40, [0.6] * 4)]},
+        {"name": "+ dynamic sampling (DAPO)", "settings": {"score.dynamic_sampling": True},
+         "runs": [_run(0, 0.50, [1.0, 1.0, 1.0, 0.8]), _run(1, 0.60, [1.0, 1.0, 1.0, 0.4])]},
+    ]
+    row = rung_row(results[0])
+    assert row["accuracy"] == [0.30, 0.40] and row["accuracy_mean"] == pytest.approx(0.35)
+    assert row["accuracy_std"] == pytest.approx(0.0707107, rel=1e-5)  # sample std of (0.3, 0.4)
+    assert row["entropy_last_quarter"] == pytest.approx(0.8)  # last step of 4: (1.0 + 0.6) / 2
+    assert rung_row(results[1])["entropy_last_quarter"] == pytest.approx(0.6)
+    assert row["generation_rounds_total"] == [8, 8]
+
+    table, page = write_ablation(tmp_path, results, base=base, seconds=1.0)
+    written = json.loads((tmp_path / "ablation.json").read_text())
+    assert [r["name"] for r in written] == ["naive GRPO", "+ dynamic sampling (DAPO)"]
+    assert written[1]["config"] == {"score.dynamic_sampling": True} and written[1]["accuracy"] == [0.5, 0.6]
+    assert (tmp_path / "curves.png").stat().st_size > 10_000 and "base64" in page
+    text = format_table(table)
+    assert "| naive GRPO | 35.0% +/- 7.1% | 30.0%, 40.0% | +0.0 pts |" in text
+    assert "| + dynamic sampling (DAPO) | 55.0% +/- 7.1% | 50.0%, 60.0% | +20.0 pts |" in text

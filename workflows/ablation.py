@@ -1,0 +1,208 @@
+"""The paper's ablation ladder (Table 1) as one workflow: config deltas over a shared start.
+
+    naive GRPO -> + overlong filtering -> + clip-higher -> + soft overlong punishment
+               -> + token-level loss -> + dynamic sampling (= DAPO)
+
+Each rung adds one technique to the rung before it (``LADDER``); every rung runs with several
+seeds. All runs share one curation, one step-0 policy and its step-0 evaluation, built once in
+``<ladder>/shared/`` by the same cached tasks as ``dapo run``; a run folder
+``<ladder>/<rung>/seed-<n>/`` then links to them (relative symlinks, so lineage works as in any
+run folder) and holds only its own steps. The ladder's task is a plain loop over
+``workflows.driver.train_and_report``, so a killed ladder resumes over cache hits like a run.
+
+A seed changes the problem order, every rollout seed and the mini-batch shuffling; the
+curation, the step-0 policy and the evaluation's sampling seed stay fixed, so the seeds of a
+rung differ only in what the RL steps did. The table and curves are written by
+``workflows/ablation_report.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import flyte
+
+from infra.environments import cpu_env
+from workflows.config import RunConfig, config_from_dict, load_config
+from workflows.run_layout import RunLayout
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One step of the ladder: the settings it changes relative to the rung before it."""
+
+    name: str  # as in the paper's Table 1
+    slug: str  # folder name
+    delta: dict[str, Any]  # "section.field" -> value
+
+
+def _base_value(base: RunConfig, key: str) -> Any:
+    section, field = key.split(".")
+    return getattr(getattr(base, section), field)
+
+
+def ladder(base: RunConfig) -> list[Rung]:
+    """The rungs for ``base`` (the full DAPO config, which the last rung reproduces).
+
+    Naive GRPO (the paper's baseline, sec. 4.2): symmetric clip 0.2, GRPO's sample-level loss
+    mean, truncated samples get the wrong-answer reward, every group trained on (one generation
+    round of exactly ``prompts_per_step`` prompts, so no group is carried to the next step).
+    """
+    return [
+        Rung("naive GRPO", "0-naive-grpo", {
+            "train.eps_high": _base_value(base, "train.eps_low"),
+            "train.loss_agg": "seq-mean-token-mean",
+            "score.truncated_is_wrong": True,
+            "score.overlong_filtering": False,
+            "score.soft_overlong_punishment": False,
+            "score.dynamic_sampling": False,
+            "run.prompts_per_round": base.run.prompts_per_step,
+            "run.max_rounds": 1,
+        }),
+        Rung("+ overlong filtering", "1-overlong-filtering", {"score.overlong_filtering": True}),  # sec. 3.4
+        Rung("+ clip-higher", "2-clip-higher", {"train.eps_high": 0.28}),  # sec. 3.1
+        Rung("+ soft overlong punishment", "3-soft-overlong-punishment",
+             {"score.soft_overlong_punishment": True}),  # sec. 3.4, eq. 13
+        Rung("+ token-level loss", "4-token-level-loss", {"train.loss_agg": "token-mean"}),  # sec. 3.3, eq. 12
+        Rung("+ dynamic sampling (DAPO)", "5-dynamic-sampling", {  # sec. 3.2, eq. 11
+            "score.dynamic_sampling": True,
+            "run.prompts_per_round": base.run.prompts_per_round,
+            "run.max_rounds": base.run.max_rounds,
+        }),
+    ]
+
+
+def rung_settings(rungs: list[Rung], index: int) -> dict[str, Any]:
+    """The accumulated deltas of rungs ``0..index``: everything rung ``index`` sets."""
+    settings: dict[str, Any] = {}
+    for rung in rungs[: index + 1]:
+        settings.update(rung.delta)
+    return settings
+
+
+def rung_config(base: RunConfig, settings: dict[str, Any], *, seed: int, name: str) -> RunConfig:
+    """``base`` with ``settings`` applied, the run seed and the training shuffle seed set to ``seed``."""
+    sections = base.to_dict()
+    for key, value in {**settings, "run.seed": seed, "train.seed": seed, "run.name": name}.items():
+        section, field = key.split(".")
+        sections[section][field] = value
+    return config_from_dict(sections, source=base.source)
+
+
+def _link(target: Path, link: Path) -> None:
+    """A relative symlink ``link`` -> ``target`` (kept if it already points there)."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    relative = os.path.relpath(target, link.parent)
+    if link.is_symlink() and os.readlink(link) == relative:
+        return
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to(relative)
+
+
+def link_shared(shared: RunLayout, run: RunLayout) -> None:
+    """Make the shared curation, step-0 checkpoint and step-0 evaluation part of ``run``'s folder."""
+    _link(shared.curate_dir, run.curate_dir)
+    _link(shared.checkpoint(0), run.checkpoint(0))
+    _link(shared.eval_shard(0), run.eval_shard(0))
+
+
+def _read_metrics(layout: RunLayout, steps: int) -> list[dict[str, Any]]:
+    import math
+
+    import schemas
+
+    rows = []
+    for step in range(1, steps + 1):
+        row = schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0]
+        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
+    return rows
+
+
+@cpu_env.task(report=True)
+async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], rungs: list[int],
+                        config_source: str = "") -> str:
+    """Run (or resume) the ladder into ``ladder_dir``; returns ``ablation.json``'s content.
+
+    ``config_json`` is the full DAPO ``RunConfig.to_dict()`` as JSON; ``rungs`` are indices into
+    ``ladder`` (all of them for the paper's table).
+    """
+    import flyte.report
+
+    from workflows.ablation_report import write_ablation
+    from workflows.driver import prepare_run, start_run_folder, train_and_report
+
+    started = time.perf_counter()
+    base = config_from_dict(json.loads(config_json), source=config_source or "dapo_ablation input")
+    root = Path(ladder_dir)
+    shared = RunLayout(root / "shared")
+    start_run_folder(base, shared)
+    prepared = await prepare_run(base, shared)
+    all_rungs = ladder(base)
+    results: list[dict[str, Any]] = []
+    for index in rungs:
+        rung = all_rungs[index]
+        settings = rung_settings(all_rungs, index)
+        runs = []
+        for seed in seeds:
+            cfg = rung_config(base, settings, seed=seed, name=f"{base.run.name}-{rung.slug}-seed{seed}")
+            layout = RunLayout(root / rung.slug / f"seed-{seed}")
+            start_run_folder(cfg, layout)
+            link_shared(shared, layout)
+            t0 = time.perf_counter()
+            summary = await train_and_report(cfg, layout, prepared, started=t0)
+            summary.pop("_inline_report")
+            runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
+            print(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
+                  f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}", flush=True)
+        results.append({"index": index, "name": rung.name, "slug": rung.slug, "delta": rung.delta,
+                        "settings": settings, "runs": runs})
+    table, inline_page = write_ablation(root, results, base=base, seconds=time.perf_counter() - started)
+    await flyte.report.replace.aio(inline_page, do_flush=True)
+    return json.dumps(table, sort_keys=True)
+
+
+def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
+    """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
+    from workflows.pipeline import init_flyte_for_run
+
+    layout = RunLayout(Path(run_root).resolve() / f"{config.run.name}-ladder")
+    layout.root.mkdir(parents=True, exist_ok=True)
+    init_flyte_for_run(layout)
+    indices = list(range(len(ladder(config)))) if rungs is None else rungs
+    run = flyte.with_runcontext(mode="local").run(
+        dapo_ablation,
+        config_json=json.dumps(config.to_dict(), sort_keys=True),
+        ladder_dir=str(layout.root),
+        seeds=seeds,
+        rungs=indices,
+        config_source=config.source,
+    )
+    run.wait()
+    outputs = run.outputs()
+    return json.loads(str(outputs[0] if isinstance(outputs, tuple) else outputs))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="configs/ablation-tiny.yaml",
+                        help="the full DAPO config the ladder ends at (default: %(default)s)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override one config field for every rung, e.g. --set run.steps=10 (repeatable)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per rung (default: 0 1 2)")
+    parser.add_argument("--rungs", type=int, nargs="+", help="run only these rungs (indices 0-5; default: all)")
+    parser.add_argument("--run-root", default="runs", help="the ladder folder is <run-root>/<run name>-ladder")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from workflows.ablation_report import format_table
+
+    config = load_config(args.config, args.set)
+    table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
+    print(format_table(table))
+    return 0
