@@ -106,6 +106,7 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         rollout_tensor_parallel=plan.rollout_tensor_parallel,
         rollout_nodes=plan.rollout_nodes,
         train_nproc_per_node=plan.train_nproc_per_node,
+        train_nodes=plan.train_nodes,
     )
     return plan, overrides
 
@@ -215,6 +216,13 @@ def _struct_to_dict(struct: Any) -> dict[str, Any]:
 
 
 def _plugin_summary(task_type: str, custom: dict[str, Any]) -> str:
+    if task_type == "pytorch":
+        elastic = custom.get("elasticConfig", {})
+        nodes = custom.get("workerReplicas", {}).get("replicas", elastic.get("minReplicas", "?"))
+        nproc = elastic.get("nprocPerNode", "?")
+        as_int = lambda v: int(v) if isinstance(v, (int, float)) else v  # noqa: E731 (struct numbers are floats)
+        return (f"PyTorchJob (Elastic): {as_int(nodes)} node(s) x {as_int(nproc)} rank(s), "
+                f"rendezvous {elastic.get('rdzvBackend', '?')}")
     if task_type != "ray":
         return ""
     groups = custom.get("rayCluster", {}).get("workerGroupSpec", [])

@@ -78,6 +78,7 @@ _DEFAULT_PLAN: dict[str, Any] = {
     "rollout_tensor_parallel": 1,
     "rollout_nodes": 1,
     "train_nproc_per_node": 1,
+    "train_nodes": 1,  # > 1: a Kubeflow PyTorchJob (PyTorch Elastic) across that many GPU nodes
     "node_cpu": "64",  # CPU and memory requested by each GPU node's pod
     "node_memory": "900Gi",
     "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none)
@@ -153,11 +154,9 @@ def ray_job_config(plan: dict[str, Any]) -> Any:
 
 
 def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
-    """The PyTorch Elastic config multi-node training would use (flyteplugins-pytorch, Kubeflow PyTorchJob).
-
-    Not attached to ``train_env`` yet: under it the task body runs once per rank, while
-    tasks/train.py launches its own single-node torchrun (see docs/CLUSTER.md).
-    """
+    """The PyTorch Elastic config of the cluster train task (flyteplugins-pytorch; a Kubeflow
+    PyTorchJob when ``nodes`` > 1). The task body then runs once per rank and acts as the worker
+    (tasks/train_rank.py) instead of launching its own torchrun."""
     from flyteplugins.pytorch import Elastic
 
     return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
@@ -199,14 +198,17 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
                 f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s)."
             ),
         )
-        nproc = int(plan["train_nproc_per_node"])
+        nproc, nodes = int(plan["train_nproc_per_node"]), int(plan["train_nodes"])
         train = flyte.TaskEnvironment(
             name="dapo-train",
             image=train_image,
+            # Per node (pod): the elastic agent starts nproc ranks in each of `nodes` pods.
             resources=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=nproc, shm="auto"),
             env_vars=env_vars,
             pod_template=cpu_template,
-            description=f"One DeepSpeed DAPO training step: torchrun over {nproc} GPU(s) of one node.",
+            plugin_config=train_elastic_config(nodes, nproc),
+            description=f"One DeepSpeed DAPO training step: PyTorch Elastic, {nodes} node(s) x {nproc} GPU(s), "
+                        "each rank running the task body (tasks/train_rank.py).",
         )
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",

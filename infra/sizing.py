@@ -319,11 +319,6 @@ class ClusterPlan:
                 f"{self.train_gpus} GPUs of {self.gpu_memory_bytes / GB:.0f} GB at {self.tokens_per_micro_batch} "
                 "tokens per micro-batch"
             )
-        if self.train_nodes > 1:
-            out.append(
-                f"training spans {self.train_nodes} nodes: tasks/train.py launches torchrun --standalone (one node); "
-                "multi-node needs the PyTorch Elastic plugin to start the ranks (docs/CLUSTER.md)"
-            )
         return out
 
 

@@ -283,6 +283,60 @@ def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepRe
     return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
 
 
+def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: TrainConfig) -> list[dict[str, Any]]:
+    """Validate every step's batch before any process starts (bad input fails fast and clearly);
+    returns ``[{"step", "shards"}]`` for the worker spec and the lineage."""
+    batches_meta = []
+    for step, shards in steps:
+        try:
+            rows = tb.load_rows([str(s) for s in shards])
+            tb.check_trainable(rows, step=int(step))
+        except tb.TrainBatchError as err:
+            raise TrainStepError(f"step {step}: bad training batch: {err}") from err
+        if len(rows) < config.updates_per_step:
+            raise TrainStepError(
+                f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
+            )
+        batches_meta.append({"step": int(step), "shards": [str(Path(s).resolve()) for s in shards]})
+    return batches_meta
+
+
+def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
+                 config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
+                 probe_path: str | Path | None = None) -> dict[str, Any]:
+    """The JSON spec every worker rank gets (tasks/train_worker.py: WorkerSpec)."""
+    ds_state = checkpoint_dir / DS_STATE_DIR
+    return {
+        "parent_checkpoint": str(checkpoint_dir.resolve()),
+        "resume_ds_state": str(ds_state.resolve()) if resume else None,
+        "steps": batches_meta,
+        "out_dir": str(staging.resolve()),
+        "metrics_path": str(work_dir / "metrics.json"),
+        "error_path": str(work_dir / "error.txt"),
+        "zero_stage": config.zero_stage,
+        "precision": config.precision,
+        "micro_batch_samples": config.micro_batch_samples,
+        "updates_per_step": config.updates_per_step,
+        "lr": config.lr,
+        "betas": [config.beta1, config.beta2],
+        "weight_decay": config.weight_decay,
+        "adam_eps": config.adam_eps,
+        # The paper counts warm-up in rollout steps; the optimizer counts updates.
+        "warmup_updates": config.warmup_steps * config.updates_per_step,
+        "grad_clip_norm": config.grad_clip_norm,
+        "eps_low": config.eps_low,
+        "eps_high": config.eps_high,
+        "loss_agg": config.loss_agg,
+        "loss_norm_tokens": config.loss_norm_tokens,
+        "dual_clip_c": config.dual_clip_c,
+        "tis_cap": config.tis_cap,
+        "seed": config.seed,
+        "save_ds_state": config.keep_optimizer_state,
+        "probe_input_ids": probe_input_ids,
+        "probe_path": str(probe_path) if probe_path is not None else None,
+    }
+
+
 def train_steps(
     checkpoint_dir: str | Path,
     steps: Sequence[tuple[int, Sequence[str | Path]]],
@@ -307,54 +361,14 @@ def train_steps(
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
     if checkpoints.is_complete(out_dir):
         return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
-    # Validate the data here, before any process starts, so bad input fails fast and clearly.
-    batches_meta = []
-    for step, shards in steps:
-        try:
-            rows = tb.load_rows([str(s) for s in shards])
-            tb.check_trainable(rows, step=int(step))
-        except tb.TrainBatchError as err:
-            raise TrainStepError(f"step {step}: bad training batch: {err}") from err
-        if len(rows) < config.updates_per_step:
-            raise TrainStepError(
-                f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
-            )
-        batches_meta.append({"step": int(step), "shards": [str(Path(s).resolve()) for s in shards]})
-
+    batches_meta = _check_batches(steps, config)
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-"))
     try:
-        spec = {
-            "parent_checkpoint": str(checkpoint_dir.resolve()),
-            "resume_ds_state": str(ds_state.resolve()) if resume else None,
-            "steps": batches_meta,
-            "out_dir": str(staging.resolve()),
-            "metrics_path": str(work_dir / "metrics.json"),
-            "error_path": str(work_dir / "error.txt"),
-            "zero_stage": config.zero_stage,
-            "precision": config.precision,
-            "micro_batch_samples": config.micro_batch_samples,
-            "updates_per_step": config.updates_per_step,
-            "lr": config.lr,
-            "betas": [config.beta1, config.beta2],
-            "weight_decay": config.weight_decay,
-            "adam_eps": config.adam_eps,
-            # The paper counts warm-up in rollout steps; the optimizer counts updates.
-            "warmup_updates": config.warmup_steps * config.updates_per_step,
-            "grad_clip_norm": config.grad_clip_norm,
-            "eps_low": config.eps_low,
-            "eps_high": config.eps_high,
-            "loss_agg": config.loss_agg,
-            "loss_norm_tokens": config.loss_norm_tokens,
-            "dual_clip_c": config.dual_clip_c,
-            "tis_cap": config.tis_cap,
-            "seed": config.seed,
-            "save_ds_state": config.keep_optimizer_state,
-            "probe_input_ids": probe_input_ids,
-            "probe_path": str(probe_path) if probe_path is not None else None,
-        }
+        spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
+                            probe_input_ids=probe_input_ids, probe_path=probe_path)
         with train_server.lock() if config.keep_workers_warm else contextlib.nullcontext():
             t_launch = time.perf_counter()
             group = None
@@ -430,13 +444,25 @@ def train_step(
 @train_env.task(
     cache=stage_cache(
         "train",
-        ["tasks.train", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
+        ["tasks.train", "tasks.train_rank", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
          "dapo_core.losses", "dapo_core.metrics", "schemas"],
     )
 )
 def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig) -> str:
-    """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON."""
-    result = train_step(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
+    """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON.
+
+    Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and
+    is the worker itself (tasks/train_rank.py); otherwise it launches its own torchrun.
+    """
+    from tasks.train_rank import running_as_elastic_rank, train_step_as_rank
+
+    if running_as_elastic_rank():
+        ranked = train_step_as_rank(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
+        if ranked is None:
+            return ""  # not rank 0: the plugin returns rank 0's output
+        result = ranked
+    else:
+        result = train_step(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
     return json.dumps({**result.metrics, "checkpoint_dir": result.checkpoint_dir, "timings": result.timings},
                       sort_keys=True)
 

@@ -45,8 +45,10 @@ def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     # rollout and evaluate are RayJobs: 4 worker pods of 8 GPUs (8 engines x tensor parallel 4)
     assert tasks["dapo-rollout.rollout"]["type"] == "ray"
     assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 4 pod(s) x 8 GPU"
-    # training: one node's 8 GPUs (what torchrun --standalone can use), the plan says 32
-    assert tasks["dapo-train.train"]["resources"]["gpu"] == "8"
+    # training: a PyTorchJob of 4 nodes x 8 GPUs (32 ranks), each rank running the task body
+    assert tasks["dapo-train.train"]["type"] == "pytorch"
+    assert tasks["dapo-train.train"]["resources"]["gpu"] == "8"  # per node
+    assert tasks["dapo-train.train"]["plugin"].startswith("PyTorchJob (Elastic): 4 node(s) x 8 rank(s)")
     assert payload["plan"]["train_gpus"] == 32 and payload["plan"]["zero_stage"] == 3
     assert payload["cluster_plan_env"]["run_store_pvc"] == "dapo-runs"
 

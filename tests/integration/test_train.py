@@ -235,6 +235,31 @@ def test_sample_level_losses_split_over_ranks_match_the_whole_mini_batch(runs: d
     assert _max_diff({k: weights[k] for k in ref}, {k: token_mean[k] for k in ref}) > 1e-4  # a different loss
 
 
+def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: dict, tmp_path: Path) -> None:
+    # What the Flyte PyTorch plugin does on a cluster: the agent starts N copies of the task body,
+    # each one a rank (tasks/train_rank.py). 2 ranks here must give run A's update (1 process).
+    import subprocess
+    from dataclasses import asdict
+
+    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False)
+    args = {"checkpoint": str(runs["ck0"]), "shards": [str(runs["shard1"])], "out": str(tmp_path / "R1"), "step": 1,
+            "config": asdict(config), "result_path": str(tmp_path / "result.json")}
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(Path(__file__).parent / "elastic_rank_main.py"), str(tmp_path / "args.json")],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    info = checkpoints.read_info(tmp_path / "R1")
+    assert info.checkpoint_id == result["checkpoint_id"] and info.step == 1
+    assert result["worker_metrics"][0]["world_size"] == 2
+    assert _max_diff(_weights(tmp_path / "R1"), _weights(runs["A"].checkpoint_dir)) < ATOL
+    assert not list(tmp_path.glob(".R1.staging-*"))  # staging and work folders cleaned up
+
+
 def test_loss_agg_is_checked() -> None:
     with pytest.raises(ValueError, match="loss_agg='mean'"):
         TrainConfig(loss_agg="mean")

@@ -81,7 +81,8 @@ def test_paper_config_plan() -> None:
     assert plan.train_gpus == 32 and plan.train_nodes == 4 and plan.train_nproc_per_node == 8
     assert plan.rollout_tensor_parallel == 4 and plan.rollout_engines == 8 and plan.rollout_nodes == 4
     warnings = " ".join(plan.warnings())
-    assert "micro_batch_samples=2" in warnings and "num_processes=8" in warnings and "4 nodes" in warnings
+    assert "micro_batch_samples=2" in warnings and "num_processes=8" in warnings
+    assert "node" not in warnings  # several nodes are a PyTorch Elastic job (tasks/train_rank.py), not a problem
 
 
 def test_sizing_table_is_computed_not_typed() -> None:

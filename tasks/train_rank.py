@@ -1,0 +1,110 @@
+"""A training step run by the ranks themselves: the multi-node path of the Flyte PyTorch plugin.
+
+Locally and on one node the train task launches its own ``torchrun`` (tasks/train.py). With the
+plugin's ``Elastic(nnodes, nproc_per_node)`` attached to the train environment
+(infra/environments.py, cluster target), the elastic agent on every node starts
+``nproc_per_node`` copies of the task body instead, one per rank, with RANK / WORLD_SIZE /
+MASTER_ADDR set; the body must then *be* the worker. ``train_step_as_rank`` is that body: every
+rank validates the batch, builds the same worker spec (tasks/train.py: _worker_spec), joins the
+process group and runs the step (tasks/train_worker.py, the same code the torchrun launch runs);
+rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
+rank 0's). The staging and work folders are named from the out folder and the elastic run id,
+so every rank on every node agrees on them without talking; they sit beside the out folder, so
+on a cluster they are on the shared run store that all nodes mount.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from tasks import checkpoints
+from tasks.train import (
+    TrainConfig,
+    TrainStepError,
+    TrainStepResult,
+    _check_batches,
+    _finished_result,
+    _publish_step,
+    _worker_spec,
+)
+from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
+
+
+def running_as_elastic_rank() -> bool:
+    """True inside a rank started by a PyTorch elastic agent (torchrun, or the Flyte plugin)."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID")) and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _shared_names(out_dir: Path, step: int) -> tuple[Path, Path]:
+    """(staging, work) folders every rank derives alike; hidden, so the driver's stale-staging
+    cleanup (checkpoints.clean_stale_staging) removes what a killed step leaves."""
+    tag = hashlib.sha256(f"{os.environ['TORCHELASTIC_RUN_ID']}|{out_dir.resolve()}|{step}".encode()).hexdigest()[:12]
+    return (out_dir.parent / f".{out_dir.name}.staging-rank-{tag}",
+            out_dir.parent / f".{out_dir.name}.staging-work-{tag}")
+
+
+def train_step_as_rank(
+    checkpoint_dir: str | Path,
+    scored_shards: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    step: int,
+    config: TrainConfig,
+) -> TrainStepResult | None:
+    """This rank's part of one DAPO step; rank 0 publishes and returns the result, others None.
+
+    Same update as ``tasks.train.train_step`` with ``num_processes`` = the elastic world size.
+    """
+    import torch.distributed as dist
+
+    from tasks import train_worker as tw
+
+    t_start = time.perf_counter()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.num_processes and rank == 0:
+        warnings.warn(f"train.num_processes={config.num_processes} but the elastic job has {world} ranks; "
+                      f"training on {world}", RuntimeWarning, stacklevel=2)
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    parent = checkpoints.read_info(checkpoint_dir)
+    if checkpoints.is_complete(out_dir):
+        return _finished_result(out_dir, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
+    batches_meta = _check_batches([(step, list(scored_shards))], config)
+    resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
+    staging, work_dir = _shared_names(out_dir, step)
+    spec_dict = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume)
+    spec = tw.WorkerSpec(**{**spec_dict, "betas": tuple(spec_dict["betas"])})
+
+    tw._init_process()
+    try:
+        if rank == 0:
+            for folder in (staging, work_dir):
+                shutil.rmtree(folder, ignore_errors=True)  # a retried attempt's leftovers
+                folder.mkdir(parents=True)
+        dist.barrier()
+        t_launch = time.perf_counter()
+        try:
+            runner = tw._StepRunner(spec)
+            tw._run_request(runner, spec, time.perf_counter() - t_start)
+        except Exception as err:
+            raise TrainStepError(f"step {step}: training failed on rank {rank}: {type(err).__name__}: {err} "
+                                 "(nothing published)") from err
+        dist.barrier()  # every rank's shard of the export is written
+        if rank != 0:
+            return None
+        worker_metrics = json.loads((work_dir / "metrics.json").read_text())
+        return _publish_step(worker_metrics, {"elastic_ranks": float(world)}, time.perf_counter() - t_launch,
+                             staging=staging, out_dir=out_dir, config=config, last_step=step,
+                             parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume, t_start=t_start)
+    finally:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(work_dir, ignore_errors=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
