@@ -1,0 +1,86 @@
+"""Token log-probabilities without materialising the whole ``[B, L, V]`` logits tensor.
+
+At the paper's lengths one sample is 21504 tokens; with Qwen2.5's 152064-token vocabulary its
+float32 logits alone are 13 GB, and autograd keeps them (and a log-softmax of the same size) for
+the backward pass. ``chunked_token_log_probs`` runs the output head on ``chunk_tokens``
+positions at a time and, when gradients are on, wraps each chunk in activation checkpointing:
+the chunk's logits are freed after its forward and recomputed in backward, so the peak is one
+chunk's logits instead of all of them. The result equals the full computation
+(``token_log_probs_full``, the slow obvious version kept beside it) up to float rounding, and so do
+its gradients (tests/unit/test_logprobs.py).
+
+Position ``p`` of the output is log pi(token_p | tokens_<p), read from the hidden state at
+``p - 1``; position 0 has no context and is 0, as in ``tasks/train_batch.token_log_probs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+Head = Callable[[torch.Tensor], torch.Tensor]  # hidden [b, n, H] -> logits [b, n, V] (e.g. model.lm_head)
+
+
+def _chunk_log_probs(head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()  # [b, n, V]
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunk_entropy(head: Head, hidden: torch.Tensor) -> torch.Tensor:
+    logits = head(hidden).float()
+    log_p = torch.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def chunked_token_log_probs(
+    head: Head,
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    chunk_tokens: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of every token, computed ``chunk_tokens`` positions at a time.
+
+    Args:
+        head: the output projection (``model.lm_head``): ``[b, n, H] -> [b, n, V]``. Pass the
+            module, not its weight: under ZeRO-3 only the module's forward sees the whole weight.
+        hidden: ``[B, L, H]`` final hidden states (after the last norm).
+        input_ids: ``[B, L]`` the tokens; position ``p`` is predicted from ``hidden[:, p - 1]``.
+        chunk_tokens: positions per head call (peak memory ~ ``B * chunk_tokens * V`` floats).
+        with_entropy: also return each position's entropy of pi (no gradient).
+
+    Returns:
+        ``(log_probs [B, L] float32 with position 0 = 0, entropy [B, L] or None)``; entropy at
+        position ``p`` is that of the distribution that predicted token ``p`` (0 at position 0).
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2]:
+        raise ValueError(f"need hidden [B, L, H] and input_ids [B, L], got {tuple(hidden.shape)} and {tuple(input_ids.shape)}")
+    context, targets = hidden[:, :-1], input_ids[:, 1:]
+    pieces: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    for start in range(0, context.shape[1], chunk_tokens):
+        h, t = context[:, start:start + chunk_tokens], targets[:, start:start + chunk_tokens]
+        if torch.is_grad_enabled() and h.requires_grad:
+            # Recompute this chunk's logits in backward instead of keeping them.
+            pieces.append(checkpoint(_chunk_log_probs, head, h, t, use_reentrant=False))
+        else:
+            pieces.append(_chunk_log_probs(head, h, t))
+        if with_entropy:
+            with torch.no_grad():
+                entropies.append(_chunk_entropy(head, h.detach()))
+    zero = hidden.new_zeros((hidden.shape[0], 1), dtype=torch.float32)
+    log_probs = torch.cat([zero, *pieces], dim=1)
+    entropy = torch.cat([zero, *entropies], dim=1) if with_entropy else None
+    return log_probs, entropy
+
+
+def token_log_probs_full(head: Head, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Slow, obvious version: all logits at once, then a log-softmax (for tests)."""
+    logits = head(hidden[:, :-1]).float()
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(picked, (1, 0), value=0.0)
