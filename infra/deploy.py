@@ -100,6 +100,8 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         configured_train_processes=config.train.num_processes,
         configured_rollout_engines=config.rollout.engines,
         configured_tensor_parallel=getattr(config.rollout, "tensor_parallel_size", 1),
+        logprob_chunk_tokens=getattr(config.train, "logprob_chunk_tokens", 0),
+        configured_activation_checkpointing=getattr(config.train, "activation_checkpointing", None),
     )
     overrides.update(
         rollout_engines=plan.rollout_engines,

@@ -19,7 +19,8 @@ Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
   every layer's input kept (layers x tokens x hidden x 2 bytes), one layer recomputed at a time
   (about tokens x (4 hidden + 3 intermediate) x 2 bytes), and the logits: tokens x vocab x 10
   bytes (bf16 logits, their fp32 log-softmax and its fp32 gradient). At 20480 tokens the logits
-  dominate; computing log-probs in chunks of the sequence would remove most of that term.
+  dominate; with ``train.logprob_chunk_tokens`` = C (dapo_core/logprobs.py: the head runs C
+  positions at a time and recomputes them in backward) only C positions' logits exist at once.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ class ActivationEstimate:
 
     checkpoints: int  # every layer's input, kept by activation checkpointing
     layer_working_set: int  # one layer's activations while it is recomputed for backward
-    logits: int  # bf16 logits + fp32 log-softmax + its fp32 gradient
+    logits: int  # bf16 logits + fp32 log-softmax + its fp32 gradient (of one chunk when chunked)
     total: int
 
 
@@ -142,12 +143,15 @@ def activation_bytes(
     *,
     bytes_per_element: int = BF16_BYTES,
     logit_bytes_per_element: int = 10,
+    logprob_chunk_tokens: int = 0,
 ) -> ActivationEstimate:
-    """Rough activation bytes of a micro-batch of ``tokens_per_micro_batch`` tokens (see module doc)."""
+    """Rough activation bytes of a micro-batch of ``tokens_per_micro_batch`` tokens (see module doc);
+    ``logprob_chunk_tokens`` > 0: log-probs computed that many positions at a time."""
     t = tokens_per_micro_batch
     checkpoints = arch.layers * t * arch.hidden_size * bytes_per_element
     working = t * (4 * arch.hidden_size + 3 * arch.intermediate_size) * bytes_per_element
-    logits = t * arch.vocab_size * logit_bytes_per_element
+    logit_tokens = min(t, logprob_chunk_tokens) if logprob_chunk_tokens > 0 else t
+    logits = logit_tokens * arch.vocab_size * logit_bytes_per_element
     return ActivationEstimate(checkpoints, working, logits, checkpoints + working + logits)
 
 
@@ -159,11 +163,12 @@ def zero3_gather_bytes(arch: ModelArchitecture, params: int, prefetch_layers: in
 
 
 def train_bytes_per_gpu(
-    arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int
+    arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int,
+    logprob_chunk_tokens: int = 0,
 ) -> int:
     """Training memory of one GPU: states + activations (+ the ZeRO-3 gather buffer)."""
     total = training_state_bytes_per_gpu(params, zero_stage, gpus)
-    total += activation_bytes(arch, tokens_per_micro_batch).total
+    total += activation_bytes(arch, tokens_per_micro_batch, logprob_chunk_tokens=logprob_chunk_tokens).total
     if zero_stage == 3:
         total += zero3_gather_bytes(arch, params)
     return total
@@ -243,6 +248,7 @@ def choose_train_gpus(
     usable_fraction: float,
     gpus_per_node: int,
     max_nodes: int = 64,
+    logprob_chunk_tokens: int = 0,
 ) -> int:
     """The fewest GPUs (whole nodes once past one node) whose per-GPU training memory fits.
 
@@ -251,7 +257,7 @@ def choose_train_gpus(
     limit = gpu_memory_bytes * usable_fraction
     candidates = [g for g in (1, 2, 4) if g < gpus_per_node] + [gpus_per_node * n for n in range(1, max_nodes + 1)]
     for gpus in candidates:
-        if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch) <= limit:
+        if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch, logprob_chunk_tokens) <= limit:
             return gpus
     raise ValueError(
         f"{arch.name}: ZeRO-{zero_stage} training with {tokens_per_micro_batch} tokens per micro-batch does not "
@@ -291,6 +297,8 @@ class ClusterPlan:
     configured_micro_batch_samples: int
     configured_rollout_engines: int
     configured_tensor_parallel: int
+    logprob_chunk_tokens: int = 0  # train.logprob_chunk_tokens the activations were sized with (0 = whole sequence)
+    configured_activation_checkpointing: bool | None = None  # train.activation_checkpointing (None = not given)
 
     def warnings(self) -> list[str]:
         """Where the run config disagrees with the plan (printed by ``dapo deploy``)."""
@@ -319,6 +327,9 @@ class ClusterPlan:
                 f"{self.train_gpus} GPUs of {self.gpu_memory_bytes / GB:.0f} GB at {self.tokens_per_micro_batch} "
                 "tokens per micro-batch"
             )
+        if self.configured_activation_checkpointing is False:
+            out.append("train.activation_checkpointing is off but the activation estimate assumes it "
+                       "(set --set train.activation_checkpointing=true)")
         return out
 
 
@@ -338,6 +349,8 @@ def plan_cluster(
     configured_train_processes: int = 0,
     configured_rollout_engines: int = 0,
     configured_tensor_parallel: int = 0,
+    logprob_chunk_tokens: int = 0,
+    configured_activation_checkpointing: bool | None = None,
 ) -> ClusterPlan:
     """GPUs per stage for a run: engines x tensor parallel for rollout, nodes x GPUs for training.
 
@@ -362,6 +375,7 @@ def plan_cluster(
             train_gpus = choose_train_gpus(
                 arch, params, zero_stage=zero_stage, tokens_per_micro_batch=mb_tokens,
                 gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
+                logprob_chunk_tokens=logprob_chunk_tokens,
             )
             break
         except ValueError:
@@ -371,7 +385,7 @@ def plan_cluster(
     r_gpus = rollout_gpus or max(train_gpus, engine.tensor_parallel)
     r_gpus -= r_gpus % engine.tensor_parallel
     state = training_state_bytes_per_gpu(params, zero_stage, train_gpus)
-    acts = activation_bytes(arch, mb_tokens).total
+    acts = activation_bytes(arch, mb_tokens, logprob_chunk_tokens=logprob_chunk_tokens).total
     return ClusterPlan(
         model=arch.name,
         params=params,
@@ -393,11 +407,13 @@ def plan_cluster(
         train_nproc_per_node=min(train_gpus, gpus_per_node),
         train_state_per_gpu=state,
         train_activations_per_gpu=acts,
-        train_total_per_gpu=train_bytes_per_gpu(arch, params, zero_stage, train_gpus, mb_tokens),
+        train_total_per_gpu=train_bytes_per_gpu(arch, params, zero_stage, train_gpus, mb_tokens, logprob_chunk_tokens),
         configured_train_processes=configured_train_processes,
         configured_micro_batch_samples=micro_batch_samples,
         configured_rollout_engines=configured_rollout_engines,
         configured_tensor_parallel=configured_tensor_parallel,
+        logprob_chunk_tokens=logprob_chunk_tokens,
+        configured_activation_checkpointing=configured_activation_checkpointing,
     )
 
 
@@ -417,8 +433,13 @@ def sizing_tables_markdown(
     gpu_memory_utilization: float = 0.85,
     gpu_counts: tuple[int, ...] = (8, 16, 32, 64),
     micro_batch_samples: int = 1,
+    logprob_chunk_tokens: int = 4096,
 ) -> str:
-    """Markdown tables: model memory, training memory per GPU by ZeRO stage and GPU count, engines."""
+    """Markdown tables: model memory, training memory per GPU by ZeRO stage and GPU count, engines.
+
+    Training is sized with log-probs in chunks of ``logprob_chunk_tokens`` (the paper config's
+    setting); the line above the table also gives the logits of the whole sequence at once.
+    """
     params = parameter_count(arch)
     kv_token = kv_cache_bytes_per_token(arch)
     lines = [
@@ -436,11 +457,14 @@ def sizing_tables_markdown(
         "",
     ]
     mb_tokens = micro_batch_samples * (prompt_tokens + response_tokens)
-    acts = activation_bytes(arch, mb_tokens)
+    acts = activation_bytes(arch, mb_tokens, logprob_chunk_tokens=logprob_chunk_tokens)
+    whole = activation_bytes(arch, mb_tokens)
     lines += [
         f"Activations of one micro-batch ({micro_batch_samples} x {prompt_tokens + response_tokens} tokens, "
-        f"activation checkpointing): layer inputs {_gb(acts.checkpoints)} GB + one layer recomputed "
-        f"{_gb(acts.layer_working_set)} GB + logits {_gb(acts.logits)} GB = {_gb(acts.total)} GB per GPU.",
+        f"activation checkpointing, log-probs in chunks of {logprob_chunk_tokens} tokens): layer inputs "
+        f"{_gb(acts.checkpoints)} GB + one layer recomputed {_gb(acts.layer_working_set)} GB + logits "
+        f"{_gb(acts.logits)} GB = {_gb(acts.total)} GB per GPU (logits of the whole sequence at once: "
+        f"{_gb(whole.logits)} GB, total {_gb(whole.total)} GB).",
         "",
         f"Training memory per GPU (GB): states + activations (+ ZeRO-3 gather buffer); "
         f"fits = at most 90% of {_gb(gpu_memory_bytes)} GB.",
@@ -452,7 +476,7 @@ def sizing_tables_markdown(
         cells = []
         for gpus in gpu_counts:
             state = training_state_bytes_per_gpu(params, stage, gpus)
-            total = train_bytes_per_gpu(arch, params, stage, gpus, mb_tokens)
+            total = train_bytes_per_gpu(arch, params, stage, gpus, mb_tokens, logprob_chunk_tokens)
             fits = "fits" if total <= gpu_memory_bytes * 0.9 else "no"
             cells.append(f"{_gb(state)} + {_gb(total - state)} = {_gb(total)} ({fits})")
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
@@ -484,7 +508,9 @@ def format_plan(plan: ClusterPlan) -> str:
         f"{plan.rollout_sequences_per_engine} full-length sequences per engine",
         f"  train   : ZeRO-{plan.zero_stage}, {plan.train_gpus} GPUs = {plan.train_nodes} node(s) x {plan.train_nproc_per_node} "
         f"processes; per GPU {_gb(plan.train_state_per_gpu)} GB states + {_gb(plan.train_activations_per_gpu)} GB "
-        f"activations ({plan.tokens_per_micro_batch} tokens/micro-batch) = {_gb(plan.train_total_per_gpu)} GB",
+        f"activations ({plan.tokens_per_micro_batch} tokens/micro-batch"
+        + (f", log-probs in chunks of {plan.logprob_chunk_tokens}" if plan.logprob_chunk_tokens else "")
+        + f") = {_gb(plan.train_total_per_gpu)} GB",
         "  cpu     : curate, score/filter, batch assembly, driver (no GPU)",
     ]
     lines += [f"  warning : {w}" for w in plan.warnings()]

@@ -119,7 +119,10 @@ def write_curves(table: list[dict[str, Any]], path: Path) -> Path:
                 ax.plot(xs, ys, marker="o", label=row["name"])
             else:
                 ys = row["step_curves"][key]
-                ax.plot(range(1, len(ys) + 1), [float("nan") if v is None else v for v in ys], label=row["name"])
+                # markers: a step without a value (e.g. NaN accuracy when carried groups alone
+                # filled the batch) leaves a gap that would hide an isolated point of a plain line
+                ax.plot(range(1, len(ys) + 1), [float("nan") if v is None else v for v in ys], marker=".",
+                        label=row["name"])
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

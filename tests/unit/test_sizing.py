@@ -85,11 +85,26 @@ def test_paper_config_plan() -> None:
     assert "node" not in warnings  # several nodes are a PyTorch Elastic job (tasks/train_rank.py), not a problem
 
 
+def test_chunked_log_probs_halve_the_training_gpus() -> None:
+    # Logits of one 4096-token chunk instead of 21504 tokens: 4096*152064*10 B = 6.2 GB instead
+    # of 32.7 GB, so activations 24.8 GB; ZeRO-3 states at N=16: 36.9 GB, + 1.95 GB gather
+    # buffer = 63.6 GB <= 72 GB -> 16 GPUs (2 nodes) instead of 32.
+    plan = sizing.plan_cluster(
+        QWEN2_5_32B, zero_stage=3, micro_batch_samples=1, max_prompt_tokens=1024, max_response_tokens=20480,
+        samples_per_prompt=16, logprob_chunk_tokens=4096, configured_activation_checkpointing=False,
+    )
+    assert plan.train_gpus == 16 and plan.train_nodes == 2
+    assert round(plan.train_activations_per_gpu / 1e9, 1) == 24.8 and round(plan.train_total_per_gpu / 1e9, 1) == 63.6
+    assert any("activation_checkpointing" in w for w in plan.warnings())
+
+
 def test_sizing_table_is_computed_not_typed() -> None:
     text = sizing.sizing_tables_markdown(QWEN2_5_32B)
     assert "| bf16 weights | 65.5 |" in text
     assert "| KV cache per sequence at 20480 tokens | 5.4 |" in text
-    assert "| 3 | 73.7 + 53.2 = 126.9 (no) |" in text  # ZeRO-3 on 8 GPUs does not fit
+    # ZeRO-3 on 8 GPUs does not fit: 73.7 GB states + 24.8 activations + 1.95 gather buffer
+    assert "| 3 | 73.7 + 26.7 = 100.4 (no) |" in text
+    assert "logits 6.2 GB = 24.8 GB per GPU (logits of the whole sequence at once: 32.7 GB, total 51.2 GB)" in text
     assert "| 4 | 16.4 | 194.5 | 34 |" in text
 
 
