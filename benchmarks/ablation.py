@@ -1,11 +1,13 @@
 """Run the paper's ablation ladder on the tiny task and commit its outputs under benchmarks/.
 
-    .venv/bin/python benchmarks/ablation.py [--config FILE] [--seeds 0 1 2] [--set k=v ...] [--run-root DIR]
+    .venv/bin/python benchmarks/ablation.py [--config FILE] [--seeds 0 1 2] [--rungs ...] [--set k=v ...]
+                                            [--run-root DIR] [--tag NAME]
 
 Runs `dapo ablate` (workflows/ablation.py: naive GRPO -> + overlong filtering -> + clip-higher ->
 + soft overlong punishment -> + token-level loss -> + dynamic sampling) and copies the ladder's
 table and curves to benchmarks/ablation.json, benchmarks/ablation.md and
-benchmarks/ablation_curves.png, with the command that made them. Prints the table.
+benchmarks/ablation_curves.png (``ablation-<tag>.*`` with ``--tag``, for variants), with the
+command that made them. Prints the table.
 """
 
 from __future__ import annotations
@@ -26,13 +28,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/ablation-tiny.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rungs", type=int, nargs="+", help="only these rungs (indices 0-5; default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
+    parser.add_argument("--tag", default="", help="name variant outputs ablation-<tag>.json etc.")
     parser.add_argument("--run-root", default="runs", help="where the ladder folder goes (default: %(default)s)")
     parser.add_argument("--out", default=str(REPO / "benchmarks"), help="where the outputs are copied")
     args = parser.parse_args()
 
     command = [str(REPO / ".venv" / "bin" / "dapo"), "ablate", "--config", args.config, "--run-root", args.run_root,
                "--seeds", *map(str, args.seeds)]
+    if args.rungs:
+        command += ["--rungs", *map(str, args.rungs)]
     for item in args.set:
         command += ["--set", item]
     started = time.perf_counter()
@@ -48,17 +54,22 @@ def main() -> int:
     ladder = (REPO / args.run_root / f"{name}-ladder").resolve()
     out = Path(args.out)
     table = json.loads((ladder / "ablation.json").read_text())
-    shutil.copyfile(ladder / "ablation.json", out / "ablation.json")
-    shutil.copyfile(ladder / "curves.png", out / "ablation_curves.png")
+    stem = f"ablation-{args.tag}" if args.tag else "ablation"
+    shutil.copyfile(ladder / "ablation.json", out / f"{stem}.json")
+    shutil.copyfile(ladder / "curves.png", out / f"{stem}_curves.png")
     shown = ["benchmarks/ablation.py", "--config", args.config, "--seeds", *map(str, args.seeds)]
+    if args.rungs:
+        shown += ["--rungs", *map(str, args.rungs)]
     for item in args.set:
         shown += ["--set", item]
+    if args.tag:
+        shown += ["--tag", args.tag]
     text = (ladder / "ablation.md").read_text()
-    (out / "ablation.md").write_text(
+    (out / f"{stem}.md").write_text(
         f"{text}\nMade by `.venv/bin/python {shlex.join(shown)}` in {seconds / 60:.1f} min "
-        f"(ladder folder {ladder}). Curves: ablation_curves.png.\n"
+        f"(ladder folder {ladder}). Curves: {stem}_curves.png.\n"
     )
-    print(f"wrote {out / 'ablation.json'}, {out / 'ablation.md'}, {out / 'ablation_curves.png'} ({len(table)} rungs)")
+    print(f"wrote {out / stem}.json, .md, _curves.png ({len(table)} rungs)")
     return 0
 
 

@@ -28,10 +28,13 @@ def _chunk_log_probs(head: Head, hidden: torch.Tensor, targets: torch.Tensor) ->
     return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
-def _chunk_entropy(head: Head, hidden: torch.Tensor) -> torch.Tensor:
+def _chunk_log_probs_and_entropy(head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()
-    log_p = torch.log_softmax(logits, dim=-1)
-    return -(log_p.exp() * log_p).sum(-1)
+    log_z = torch.logsumexp(logits, dim=-1)
+    # Same formula as _chunk_log_probs, so pi_old and pi_theta log-probs agree bit for bit.
+    log_probs = logits.gather(-1, targets[..., None]).squeeze(-1) - log_z
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # H = log Z - E_p[logit]
+    return log_probs, entropy
 
 
 def chunked_token_log_probs(
@@ -41,6 +44,7 @@ def chunked_token_log_probs(
     *,
     chunk_tokens: int = 1024,
     with_entropy: bool = False,
+    num_chunks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of every token, computed ``chunk_tokens`` positions at a time.
 
@@ -50,7 +54,12 @@ def chunked_token_log_probs(
         hidden: ``[B, L, H]`` final hidden states (after the last norm).
         input_ids: ``[B, L]`` the tokens; position ``p`` is predicted from ``hidden[:, p - 1]``.
         chunk_tokens: positions per head call (peak memory ~ ``B * chunk_tokens * V`` floats).
-        with_entropy: also return each position's entropy of pi (no gradient).
+        with_entropy: also return each position's entropy of pi (gradients off only; the same
+            head call per chunk gives both).
+        num_chunks: call the head exactly this many times (trailing calls on empty chunks), at
+            least enough to cover the sequence. Data-parallel ranks whose micro-batches have
+            different lengths pass the same count: under ZeRO-3 every head call gathers the
+            weight collectively, so all ranks must make the same number of calls.
 
     Returns:
         ``(log_probs [B, L] float32 with position 0 = 0, entropy [B, L] or None)``; entropy at
@@ -61,18 +70,28 @@ def chunked_token_log_probs(
     if hidden.dim() != 3 or input_ids.shape != hidden.shape[:2]:
         raise ValueError(f"need hidden [B, L, H] and input_ids [B, L], got {tuple(hidden.shape)} and {tuple(input_ids.shape)}")
     context, targets = hidden[:, :-1], input_ids[:, 1:]
+    needed = -(-context.shape[1] // chunk_tokens)
+    if num_chunks is None:
+        num_chunks = needed
+    if num_chunks < needed:
+        raise ValueError(f"num_chunks={num_chunks} cannot cover {context.shape[1]} positions in chunks of {chunk_tokens}")
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    if with_entropy and grad:
+        raise ValueError("with_entropy needs gradients off (the entropy is a metric of pi_old)")
     pieces: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
-    for start in range(0, context.shape[1], chunk_tokens):
+    for index in range(num_chunks):
+        start = index * chunk_tokens
         h, t = context[:, start:start + chunk_tokens], targets[:, start:start + chunk_tokens]
-        if torch.is_grad_enabled() and h.requires_grad:
+        if grad:
             # Recompute this chunk's logits in backward instead of keeping them.
             pieces.append(checkpoint(_chunk_log_probs, head, h, t, use_reentrant=False))
+        elif with_entropy:
+            lp, ent = _chunk_log_probs_and_entropy(head, h, t)
+            pieces.append(lp)
+            entropies.append(ent)
         else:
             pieces.append(_chunk_log_probs(head, h, t))
-        if with_entropy:
-            with torch.no_grad():
-                entropies.append(_chunk_entropy(head, h.detach()))
     zero = hidden.new_zeros((hidden.shape[0], 1), dtype=torch.float32)
     log_probs = torch.cat([zero, *pieces], dim=1)
     entropy = torch.cat([zero, *entropies], dim=1) if with_entropy else None

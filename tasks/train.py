@@ -80,6 +80,11 @@ class TrainConfig:
     loss_agg: str = "token-mean"
     loss_norm_tokens: int = 0  # Dr.GRPO's constant per-response normaliser (use the rollout's max_response_tokens)
     dual_clip_c: float | None = None  # dual-clip bound for negative advantages (> 1), None = off
+    # Memory at long lengths (docs/CLUSTER.md sizing): 0 = all logits at once; N > 0 = log-probs
+    # from the hidden states N positions at a time, each chunk's logits recomputed in backward
+    # (dapo_core/logprobs.py), so the [B, L, V] logits never exist.
+    logprob_chunk_tokens: int = 0
+    activation_checkpointing: bool = False  # recompute each layer's activations in backward (HF gradient checkpointing)
     tis_cap: float | None = None  # truncated importance sampling cap on pi_old / pi_rollout, None = off
     seed: int = 0  # mini-batch shuffling (with the step number added)
     resume_optimizer: bool = True  # continue the parent's DeepSpeed optimizer state when it has one
@@ -101,6 +106,7 @@ class TrainConfig:
             "tis_cap": self.tis_cap is None or self.tis_cap > 0,
             "dual_clip_c": self.dual_clip_c is None or self.dual_clip_c > 1,
             "loss_agg": self.loss_agg in AGGREGATIONS,
+            "logprob_chunk_tokens": self.logprob_chunk_tokens >= 0,
             "loss_norm_tokens": self.loss_norm_tokens > 0 if self.loss_agg == "seq-mean-token-sum-norm"
             else self.loss_norm_tokens >= 0,
         }
@@ -329,6 +335,8 @@ def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], stagi
         "loss_agg": config.loss_agg,
         "loss_norm_tokens": config.loss_norm_tokens,
         "dual_clip_c": config.dual_clip_c,
+        "logprob_chunk_tokens": config.logprob_chunk_tokens,
+        "activation_checkpointing": config.activation_checkpointing,
         "tis_cap": config.tis_cap,
         "seed": config.seed,
         "save_ds_state": config.keep_optimizer_state,

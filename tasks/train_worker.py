@@ -62,6 +62,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
 from tasks import train_batch as tb
@@ -105,6 +106,8 @@ class WorkerSpec:
     tis_cap: float | None
     seed: int
     save_ds_state: bool = True
+    logprob_chunk_tokens: int = 0  # TrainConfig.logprob_chunk_tokens
+    activation_checkpointing: bool = False  # TrainConfig.activation_checkpointing
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
     serve_dir: str | None = None  # serve mode: the request mailbox (tasks/train_server.py); None = one launch
@@ -180,10 +183,15 @@ class _StepRunner:
         self.world_size = dist.get_world_size()
         self.device = _device()
         self.updates_done = 0
+        self.head_calls: int | None = None  # output-head calls per forward with chunked log-probs (run_step)
         self.last_saved: tuple[int, int] | None = None  # (step, updates_done) of the last save()
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
         self.pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+        if spec.activation_checkpointing:
+            # Keep only each layer's input in forward; recompute the rest in backward.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
         ds_config = build_deepspeed_config(
             zero_stage=spec.zero_stage,
             precision=spec.precision,
@@ -226,13 +234,39 @@ class _StepRunner:
             raise TrainStepFailure(f"{state_dir}: DeepSpeed could not load tag {meta['tag']!r}")
         self.updates_done = int(meta["updates_done"])
 
-    def _forward_log_probs(self, mb: tb.TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits [b, l, V], token log-probs [b, l]) of the current policy on a micro-batch."""
-        out = self.engine(
-            input_ids=mb.input_ids.to(self.device), attention_mask=mb.attention_mask.to(self.device).long()
-        )
-        logits = out.logits
-        return logits, tb.token_log_probs(logits, mb.input_ids.to(self.device))
+    def _forward_log_probs(self, mb: tb.TrainBatch, *, entropy_mask: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, float | None]:
+        """(token log-probs [b, l], entropy summed over ``entropy_mask`` or None) of the current policy.
+
+        ``entropy_mask`` [b, l] selects the positions whose predicting distribution's entropy is
+        summed (position p: the distribution over token p). With ``logprob_chunk_tokens`` the
+        logits come from the hidden states chunk by chunk (dapo_core/logprobs.py); the model's
+        own head then computes one position only (``logits_to_keep=1``).
+        """
+        ids = mb.input_ids.to(self.device)
+        attention = mb.attention_mask.to(self.device).long()
+        chunk = self.spec.logprob_chunk_tokens
+        if not chunk:
+            logits = self.engine(input_ids=ids, attention_mask=attention).logits
+            entropy_sum = None
+            if entropy_mask is not None:
+                # logits at p - 1 gave token p, and position 0 is always a prompt token.
+                shifted = entropy_mask[:, 1:].to(self.device)
+                entropy_sum = float(token_mean_entropy(logits[:, :-1], shifted)) * float(shifted.sum())
+            return tb.token_log_probs(logits, ids), entropy_sum
+        captured: dict[str, torch.Tensor] = {}
+        base = self.engine.module.model
+        handle = base.register_forward_hook(lambda _m, _i, out: captured.__setitem__("hidden", out.last_hidden_state))
+        try:
+            self.engine(input_ids=ids, attention_mask=attention, logits_to_keep=1)
+        finally:
+            handle.remove()
+        lp, entropy = chunked_token_log_probs(self.engine.module.lm_head, captured["hidden"], ids, chunk_tokens=chunk,
+                                              with_entropy=entropy_mask is not None, num_chunks=self.head_calls)
+        entropy_sum = None
+        if entropy is not None and entropy_mask is not None:
+            entropy_sum = float((entropy * entropy_mask.to(self.device)).sum())
+        return lp, entropy_sum
 
     def run_step(self, step: int, shards: list[str]) -> dict[str, Any]:
         spec, device, W = self.spec, self.device, self.world_size
@@ -241,6 +275,11 @@ class _StepRunner:
         rows = tb.load_rows(shards)
         tb.check_trainable(rows, step=step)
         batch = tb.collate(rows, pad_token_id=self.pad_token_id)
+        if spec.logprob_chunk_tokens:
+            # Chunks per forward from the whole batch's width, which every rank knows: micro-batches
+            # are trimmed to their own length, but under ZeRO-3 each head call is a collective
+            # gather, so all ranks must make the same number of calls (dapo_core/logprobs.py).
+            self.head_calls = -(-(batch.input_ids.shape[1] - 1) // spec.logprob_chunk_tokens)
         minis = tb.mini_batches(batch.num_samples, spec.updates_per_step, seed=spec.seed + step)
         gas = tb.accumulation_steps([len(m) for m in minis], world_size=W, micro_batch_samples=spec.micro_batch_samples)
         self.engine.set_train_batch_size(spec.micro_batch_samples * gas * W)
@@ -267,7 +306,7 @@ class _StepRunner:
                 row = []
                 for idx, weight in micro:
                     mb = tb.select(batch, idx)
-                    logits, lp = self._forward_log_probs(mb)
+                    lp, entropy_sum = self._forward_log_probs(mb, entropy_mask=mb.loss_mask if weight else None)
                     lp = lp.float().cpu()
                     row.append(lp)
                     if weight == 0.0:
@@ -277,12 +316,9 @@ class _StepRunner:
                     local["abs_delta"] += float(delta.sum())
                     local["resp_tokens"] += float(resp.sum())
                     max_delta = max(max_delta, float(delta.max()) if delta.numel() else 0.0)
-                    # Entropy of pi_old over the loss tokens (sec. 3.1 watches it collapse); logits
-                    # at p - 1 gave token p, and position 0 is always a prompt token.
-                    shifted_mask = mb.loss_mask[:, 1:].to(device)
-                    n_tok = float(shifted_mask.sum())
-                    local["entropy"] += float(token_mean_entropy(logits[:, :-1], shifted_mask)) * n_tok
-                    local["loss_tokens"] += n_tok
+                    # Entropy of pi_old over the loss tokens (sec. 3.1 watches it collapse).
+                    local["entropy"] += entropy_sum
+                    local["loss_tokens"] += float(mb.loss_mask[:, 1:].sum())
                 old_lp.append(row)
         abs_delta, resp_tokens, entropy_sum, loss_tokens = _all_reduce(
             [local["abs_delta"], local["resp_tokens"], local["entropy"], local["loss_tokens"]]
@@ -320,7 +356,7 @@ class _StepRunner:
             lr_now = float(self.engine.get_lr()[0])
             for j, (idx, weight) in enumerate(micro):
                 mb = tb.select(batch, idx)
-                _, lp = self._forward_log_probs(mb)
+                lp, _ = self._forward_log_probs(mb)
                 old = old_lp[m][j].to(device)
                 mask = mb.loss_mask.to(device)
                 advantages = mb.advantages.to(device)

@@ -42,14 +42,15 @@ def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     assert "resolved resources for Qwen2.5-32B" in result.stdout
     payload = json.loads(out.read_text())
     tasks = {row["task"]: row for row in payload["tasks"]}
-    # rollout and evaluate are RayJobs: 4 worker pods of 8 GPUs (8 engines x tensor parallel 4)
+    # rollout and evaluate are RayJobs: 2 worker pods of 8 GPUs (4 engines x tensor parallel 4)
     assert tasks["dapo-rollout.rollout"]["type"] == "ray"
-    assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 4 pod(s) x 8 GPU"
-    # training: a PyTorchJob of 4 nodes x 8 GPUs (32 ranks), each rank running the task body
+    assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 2 pod(s) x 8 GPU"
+    # training: a PyTorchJob of 2 nodes x 8 GPUs (16 ranks: ZeRO-3 with chunked log-probs), each
+    # rank running the task body
     assert tasks["dapo-train.train"]["type"] == "pytorch"
     assert tasks["dapo-train.train"]["resources"]["gpu"] == "8"  # per node
-    assert tasks["dapo-train.train"]["plugin"].startswith("PyTorchJob (Elastic): 4 node(s) x 8 rank(s)")
-    assert payload["plan"]["train_gpus"] == 32 and payload["plan"]["zero_stage"] == 3
+    assert tasks["dapo-train.train"]["plugin"].startswith("PyTorchJob (Elastic): 2 node(s) x 8 rank(s)")
+    assert payload["plan"]["train_gpus"] == 16 and payload["plan"]["zero_stage"] == 3
     assert payload["cluster_plan_env"]["run_store_pvc"] == "dapo-runs"
 
 

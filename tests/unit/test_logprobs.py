@@ -56,6 +56,28 @@ def test_entropy_matches_softmax_entropy() -> None:
     torch.testing.assert_close(ent[:, 1:], expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_fixed_chunk_count_pads_with_empty_head_calls() -> None:
+    # ZeRO-3 ranks must call the head equally often whatever their micro-batch length.
+    head, hidden, ids = _setup()  # L = 11: 10 positions -> 3 chunks of 4
+    calls = []
+
+    def counting_head(h: torch.Tensor) -> torch.Tensor:
+        calls.append(h.shape[1])
+        return head(h)
+
+    expected, _ = chunked_token_log_probs(head, hidden, ids, chunk_tokens=4)
+    got, _ = chunked_token_log_probs(counting_head, hidden, ids, chunk_tokens=4, num_chunks=5)
+    got.sum().backward()  # the empty chunks' backward runs too
+    torch.testing.assert_close(got, expected)
+    assert calls[:5] == [4, 4, 2, 0, 0]  # forward calls (then recomputation in backward)
+    with torch.no_grad():
+        calls.clear()
+        chunked_token_log_probs(counting_head, hidden, ids, chunk_tokens=4, num_chunks=5, with_entropy=True)
+    assert calls == [4, 4, 2, 0, 0]  # one call per chunk gives both log-probs and entropy
+    with pytest.raises(ValueError, match="num_chunks=2 cannot cover 10 positions"):
+        chunked_token_log_probs(head, hidden, ids, chunk_tokens=4, num_chunks=2)
+
+
 def test_bad_arguments_are_errors() -> None:
     head, hidden, ids = _setup()
     with pytest.raises(ValueError, match="chunk_tokens"):
