@@ -523,7 +523,6 @@ time.sleep(600)
 
 def test_workers_exit_when_the_owner_is_killed(runs: dict, tmp_path: Path) -> None:
     import dataclasses
-    import signal
     import subprocess
 
     repo = Path(__file__).resolve().parents[2]
