@@ -24,12 +24,16 @@ REPO = Path(__file__).resolve().parents[2]
 SMALL = [
     "run.name=abl",
     "run.steps=1",
-    "run.data=['synthetic:n=600,seed=1,min_terms=2,max_terms=4,max_operand=20,test_fraction=0.1']",
+    # 2-term problems and the pipeline test's short warm-up: enough correct answers that dynamic
+    # sampling finds informative groups (a policy at ~0% gives none, and the DAPO rung cannot train).
+    "run.data=['synthetic:n=600,seed=0,min_terms=2,max_terms=2,max_operand=20,test_fraction=0.1']",
     "run.prompts_per_step=6",
     "run.prompts_per_round=9",
-    "run.max_rounds=2",
-    "bootstrap.max_steps=40",
-    "bootstrap.eval_every_steps=20",
+    "run.max_rounds=3",
+    "bootstrap.min_terms=2",
+    "bootstrap.max_terms=2",
+    "bootstrap.max_steps=60",
+    "bootstrap.eval_every_steps=30",
     "bootstrap.eval_problems=16",
     "bootstrap.require_band=false",
     "rollout.samples_per_prompt=4",
