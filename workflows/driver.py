@@ -60,6 +60,11 @@ def _nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
+def _fmt3(value: float | None) -> str:
+    """A metric for the step line: a NaN written to the metrics shard reads back as None."""
+    return "nan" if value is None else f"{value:.3f}"
+
+
 def _sample_responses(batch_path: Path, count: int = 4) -> list[dict[str, Any]]:
     table = schemas.read_shard(batch_path, schemas.ScoredRollout)
     cols = ["problem_id", "response_text", "reward", "correct", "filter_reason", "response_length", "finish_reason"]
@@ -219,7 +224,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         step_seconds.append(time.perf_counter() - step_started)
         print(
             f"[step {step}/{drv.steps}] rounds={result.rounds} batch={batch.num_rows} samples "
-            f"acc={row['accuracy']:.3f} reward={row['reward_mean']:.3f} entropy={row['entropy']:.3f} "
+            f"acc={_fmt3(row['accuracy'])} reward={_fmt3(row['reward_mean'])} entropy={_fmt3(row['entropy'])} "
             f"({step_seconds[-1]:.1f} s)",
             flush=True,
         )

@@ -1,0 +1,30 @@
+"""The driver's step line survives metrics read back from a shard (a re-run over cache hits)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from workflows.driver import _fmt3
+
+
+def test_step_line_numbers_hand_worked() -> None:
+    assert _fmt3(0.12345) == "0.123"
+    assert _fmt3(float("nan")) == "nan"
+    # A step filled by carried groups alone has NaN accuracy; written to the metrics shard from
+    # a row dict, it can come back as None, and a resumed ladder crashed formatting it.
+    assert _fmt3(None) == "nan"
+
+
+def test_nan_accuracy_round_trips_through_the_metrics_shard(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_schemas import metrics_row
+
+    import schemas
+
+    path = schemas.write_shard([metrics_row(accuracy=float("nan"))], tmp_path / "m.parquet", schemas.StepMetrics)
+    value = schemas.read_shard(path, schemas.StepMetrics).to_pylist()[0]["accuracy"]
+    assert value is None or math.isnan(value)
+    assert _fmt3(value) == "nan"
