@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--rungs", type=int, nargs="+", help="only these rungs (indices 0-5; default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")
     parser.add_argument("--tag", default="", help="name variant outputs ablation-<tag>.json etc.")
+    parser.add_argument("--report-only", action="store_true", help="rebuild the outputs from finished runs (runs nothing)")
     parser.add_argument("--run-root", default="runs", help="where the ladder folder goes (default: %(default)s)")
     parser.add_argument("--out", default=str(REPO / "benchmarks"), help="where the outputs are copied")
     args = parser.parse_args()
@@ -39,6 +40,8 @@ def main() -> int:
                "--seeds", *map(str, args.seeds)]
     if args.rungs:
         command += ["--rungs", *map(str, args.rungs)]
+    if args.report_only:
+        command.append("--report-only")
     for item in args.set:
         command += ["--set", item]
     started = time.perf_counter()
@@ -64,10 +67,13 @@ def main() -> int:
         shown += ["--set", item]
     if args.tag:
         shown += ["--tag", args.tag]
+    if args.report_only:
+        shown.append("--report-only")
     text = (ladder / "ablation.md").read_text()
     (out / f"{stem}.md").write_text(
-        f"{text}\nMade by `.venv/bin/python {shlex.join(shown)}` in {seconds / 60:.1f} min "
-        f"(ladder folder {ladder}). Curves: {stem}_curves.png.\n"
+        f"{text}\n{'Rebuilt from the finished runs' if args.report_only else 'Made'} by "
+        f"`.venv/bin/python {shlex.join(shown)}`" + ("" if args.report_only else f" in {seconds / 60:.1f} min")
+        + f" (ladder folder {ladder}). Curves: {stem}_curves.png.\n"
     )
     print(f"wrote {out / stem}.json, .md, _curves.png ({len(table)} rungs)")
     return 0

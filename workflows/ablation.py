@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,26 @@ def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], r
     return json.loads(str(outputs[0] if isinstance(outputs, tuple) else outputs))
 
 
+def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int] | None = None
+                    ) -> list[dict[str, Any]]:
+    """The per-rung results of finished runs in ``ladder_dir`` (what ``dapo_ablation`` gathers as
+    it goes); raises FileNotFoundError naming the first run folder without a summary.json."""
+    all_rungs = ladder(config)
+    results = []
+    for index in range(len(all_rungs)) if rungs is None else rungs:
+        rung = all_rungs[index]
+        runs = []
+        for seed in seeds:
+            layout = RunLayout(ladder_dir / rung.slug / f"seed-{seed}")
+            if not layout.summary.is_file():
+                raise FileNotFoundError(f"{layout.root}: no summary.json (run `dapo ablate` for rung {index}, seed {seed})")
+            summary = json.loads(layout.summary.read_text())
+            runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, summary["steps"])})
+        results.append({"index": index, "name": rung.name, "slug": rung.slug, "delta": rung.delta,
+                        "settings": rung_settings(all_rungs, index), "runs": runs})
+    return results
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="configs/ablation-tiny.yaml",
                         help="the full DAPO config the ladder ends at (default: %(default)s)")
@@ -197,12 +218,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per rung (default: 0 1 2)")
     parser.add_argument("--rungs", type=int, nargs="+", help="run only these rungs (indices 0-5; default: all)")
     parser.add_argument("--run-root", default="runs", help="the ladder folder is <run-root>/<run name>-ladder")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: rebuild ablation.json, the table and curves from the finished runs")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     from workflows.ablation_report import format_table
 
     config = load_config(args.config, args.set)
-    table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
+    if args.report_only:
+        from workflows.ablation_report import write_ablation
+
+        ladder_dir = Path(args.run_root).resolve() / f"{config.run.name}-ladder"
+        try:
+            results = collect_results(config, ladder_dir, seeds=args.seeds, rungs=args.rungs)
+        except FileNotFoundError as err:
+            print(f"dapo ablate: {err}", file=sys.stderr)
+            return 1
+        seconds = sum(run["summary"]["wall_seconds"] for r in results for run in r["runs"])  # of the runs
+        table, _ = write_ablation(ladder_dir, results, base=config, seconds=seconds)
+    else:
+        table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
     print(format_table(table))
     return 0

@@ -109,3 +109,20 @@ def test_lineage_works_inside_a_rung_run_folder(ladder_dir: Path) -> None:
     info = sample_lineage(layout, rollout_id)
     assert info["trained"]["step"] == 1 and info["problem"]["split"] == "train"
     assert [c["step"] for c in checkpoint_lineage(layout, "1")["ancestry"]] == [1, 0]
+
+
+def test_report_only_rebuilds_the_same_table_from_the_runs(ladder_dir: Path) -> None:
+    before = json.loads((ladder_dir / "ablation.json").read_text())
+    (ladder_dir / "ablation.json").unlink()
+    args = [sys.executable, "-m", "workflows.cli", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
+            "--seeds", "0", "1", "--rungs", "0", "5", "--run-root", str(ladder_dir.parent), "--report-only"]
+    for item in SMALL:
+        args += ["--set", item]
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = json.loads((ladder_dir / "ablation.json").read_text())
+    assert [(r["name"], r["accuracy"]) for r in after] == [(r["name"], r["accuracy"]) for r in before]
+    # a missing run is named, not skipped
+    proc = subprocess.run(args[:args.index("--seeds") + 1] + ["0", "7"] + args[args.index("--rungs"):],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "seed-7: no summary.json" in proc.stderr
