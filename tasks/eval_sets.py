@@ -65,13 +65,13 @@ def load_eval_set(paths: list[str], *, prompt_template: str = DAPO_PROMPT_TEMPLA
     rejected: dict[str, int] = {}
     input_rows = 0
 
-    def add(pid: str, prompt: str, answer: int, where: str) -> None:
+    def add(pid: str, prompt: str, answer: int, where: str, count: int = 1) -> None:
         if pid in answers and answers[pid] != answer:
             raise ValueError(f"{where}: problem {pid} has gold answer {answer} here and {answers[pid]} in an earlier row")
         if pid not in prompts:
             order.append(pid)
             prompts[pid], answers[pid] = prompt, answer
-        copies[pid] = copies.get(pid, 0) + 1
+        copies[pid] = copies.get(pid, 0) + count
 
     for raw_path in paths:
         path = Path(raw_path)
@@ -82,8 +82,7 @@ def load_eval_set(paths: list[str], *, prompt_template: str = DAPO_PROMPT_TEMPLA
                 raise ValueError(str(err)) from None
             sub = load_eval_set(nested, prompt_template=prompt_template)
             for p in sub.problems:
-                for _ in range(p.copies):
-                    add(p.problem_id, p.prompt, p.answer, str(path))
+                add(p.problem_id, p.prompt, p.answer, str(path), count=p.copies)
             input_rows += sub.input_rows
             for code, n in sub.rejected.items():
                 rejected[code] = rejected.get(code, 0) + n

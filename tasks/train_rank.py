@@ -78,8 +78,8 @@ def train_step_as_rank(
     batches_meta = _check_batches([(step, list(scored_shards))], config)
     resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)
-    spec_dict = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume)
-    spec = tw.WorkerSpec(**{**spec_dict, "betas": tuple(spec_dict["betas"])})
+    spec = tw.WorkerSpec.from_dict(
+        _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume))
 
     tw._init_process()
     try:

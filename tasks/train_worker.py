@@ -116,9 +116,12 @@ class WorkerSpec:
 
     @classmethod
     def from_json(cls, path: str | Path) -> WorkerSpec:
-        raw = json.loads(Path(path).read_text())
-        raw["betas"] = tuple(raw["betas"])
-        return cls(**raw)
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> WorkerSpec:
+        """From the JSON form (tasks/train.py: _worker_spec), where ``betas`` is a list."""
+        return cls(**{**raw, "betas": tuple(raw["betas"])})
 
 
 def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:

@@ -115,15 +115,18 @@ def link_shared(shared: RunLayout, run: RunLayout) -> None:
 
 
 def _read_metrics(layout: RunLayout, steps: int) -> list[dict[str, Any]]:
-    import math
-
     import schemas
+    from workflows.report import nan_to_none
 
-    rows = []
-    for step in range(1, steps + 1):
-        row = schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0]
-        rows.append({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()})
-    return rows
+    return [nan_to_none(schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0])
+            for step in range(1, steps + 1)]
+
+
+def _rung_result(rungs: list[Rung], index: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rung's entry of the results ``workflows/ablation_report.py`` turns into the table."""
+    rung = rungs[index]
+    return {"index": index, "name": rung.name, "slug": rung.slug, "delta": rung.delta,
+            "settings": rung_settings(rungs, index), "runs": runs}
 
 
 @cpu_env.task(report=True)
@@ -162,8 +165,7 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
             runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
             print(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
                   f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}", flush=True)
-        results.append({"index": index, "name": rung.name, "slug": rung.slug, "delta": rung.delta,
-                        "settings": settings, "runs": runs})
+        results.append(_rung_result(all_rungs, index, runs))
     table, inline_page = write_ablation(root, results, base=base, seconds=time.perf_counter() - started)
     await flyte.report.replace.aio(inline_page, do_flush=True)
     return json.dumps(table, sort_keys=True)
@@ -205,8 +207,7 @@ def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], ru
                 raise FileNotFoundError(f"{layout.root}: no summary.json (run `dapo ablate` for rung {index}, seed {seed})")
             summary = json.loads(layout.summary.read_text())
             runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, summary["steps"])})
-        results.append({"index": index, "name": rung.name, "slug": rung.slug, "delta": rung.delta,
-                        "settings": rung_settings(all_rungs, index), "runs": runs})
+        results.append(_rung_result(all_rungs, index, runs))
     return results
 
 

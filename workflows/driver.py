@@ -31,7 +31,7 @@ from tasks.score import group_keys_of, score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
 from workflows.problem_order import draw_problems
-from workflows.report import write_report
+from workflows.report import nan_to_none, write_report
 from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
 
@@ -54,10 +54,6 @@ def _round_groups(scored_path: str) -> list[tuple[str, str, object]]:
 
 def _problem_ids(paths: list[str]) -> list[str]:
     return schemas.read_shards(paths, schemas.Problem).column("problem_id").to_pylist()
-
-
-def _nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
 def _fmt3(value: float | None) -> str:
@@ -220,7 +216,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         else:
             row = _step_row(trained, batch, round_stats, result.rounds, rollout_s, score_s, train_s)
             schemas.write_shard([row], layout.metrics_shard(step), schemas.StepMetrics)
-        metrics_rows.append(_nan_to_none(row))
+        metrics_rows.append(nan_to_none(row))
         step_seconds.append(time.perf_counter() - step_started)
         print(
             f"[step {step}/{drv.steps}] rounds={result.rounds} batch={batch.num_rows} samples "

@@ -32,6 +32,11 @@ _PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 
 
+def nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row with NaN / inf floats as None (JSON-safe; plots and tables skip them)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
 def _finite(values: list[Any]) -> bool:
     return any(v is not None and isinstance(v, (int, float)) and math.isfinite(v) for v in values)
 
