@@ -41,9 +41,9 @@ def _run(config: str, sets: list[str], run_root: Path) -> tuple[float, dict]:
 def step_split(layout: RunLayout, step: int, step_seconds: float) -> dict[str, float]:
     """Seconds of generation, gradient computation and the rest for one step."""
     generation = sum(
-        json.loads(p.read_text())["seconds"] for p in layout.step_dir(step).glob("rollouts/*.manifest.json")
+        json.loads(p.read_text())["seconds"] for p in Path(layout.step_dir(step)).glob("rollouts/*.manifest.json")
     )
-    timings = json.loads((layout.checkpoint(step) / "train_timings.json").read_text())
+    timings = json.loads((Path(layout.checkpoint(step)) / "train_timings.json").read_text())
     gradient = timings.get("old_log_probs_s", 0.0) + timings.get("updates_s", 0.0)
     other = max(0.0, step_seconds - generation - gradient)
     return {

@@ -13,6 +13,7 @@ import pyarrow as pa
 import schemas
 from dapo_core.sampling import REASON_KEPT, REASON_SURPLUS
 from infra.environments import cpu_env, stage_cache
+from tasks import run_store
 from tasks.score import group_keys_of
 
 
@@ -57,12 +58,14 @@ def assemble_shards(
     return batch.num_rows
 
 
-@cpu_env.task(cache=stage_cache("batch", ["tasks.batch", "tasks.score", "schemas"]))
+@cpu_env.task(cache=stage_cache("batch", ["tasks.batch", "tasks.score", "schemas", "tasks.run_store"]))
 def assemble_batch(
     scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str
 ) -> int:
     """Flyte task: materialise one step's batch and surplus shards."""
-    return assemble_shards(scored_paths, kept_groups, surplus_groups, batch_path, surplus_path)
+    with run_store.output(batch_path) as batch_local, run_store.output(surplus_path) as surplus_local:
+        return assemble_shards(run_store.fetch_all(scored_paths), kept_groups, surplus_groups,
+                               str(batch_local), str(surplus_local))
 
 
 __all__ = ["assemble_batch", "assemble_shards", "assemble_tables"]

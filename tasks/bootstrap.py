@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.environments import cpu_env, stage_cache
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from tasks.threads import cpu_threads
 
 
@@ -239,15 +239,23 @@ def bootstrap_policy(
 
 @cpu_env.task(
     cache=stage_cache(
-        "bootstrap", ["tasks.bootstrap", "tasks.tiny_policy", "tasks.synthetic", "tasks.checkpoints", "schemas"]
+        "bootstrap", ["tasks.bootstrap", "tasks.tiny_policy", "tasks.synthetic", "tasks.checkpoints", "schemas", "tasks.run_store"]
     )
 )
 def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, config: BootstrapConfig) -> str:
     """Flyte task: publish the step-0 checkpoint at ``out_dir`` and return its folder.
 
-    ``out_dir`` must be durable storage: a cache hit returns the path without rebuilding.
+    ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    cache hit returns the path without rebuilding.
     """
-    return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
+    if not run_store.is_remote(out_dir):
+        return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
+    if not run_store.exists(run_store.join(out_dir, checkpoints.METADATA_FILE)):  # else published already
+        source = config.source if config.source == "tiny" else str(run_store.fetch(config.source))
+        with run_store.output(out_dir, folder=True) as local:
+            bootstrap_policy(local, dataclasses.replace(config, source=source, link_import=False),
+                             run_store.fetch_all(train_paths), run_store.fetch_all(test_paths))
+    return out_dir
 
 
 # ----------------------------------------------------------------------------- CLI

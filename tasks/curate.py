@@ -43,6 +43,7 @@ from dapo_core.answers import (
 )
 from infra.environments import cpu_env, stage_cache
 from schemas import Problem, RejectedProblem, write_shard
+from tasks import run_store
 from tasks.readers import CurationError, RawRecord, SourceRecords, read_input
 
 __all__ = ["CurateConfig", "CurateReport", "CurationError", "curate", "curate_records", "curate_sources"]
@@ -249,14 +250,16 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
 
 
 @cpu_env.task(
-    cache=stage_cache("curate", ["tasks.curate", "tasks.readers", "tasks.synthetic", "dapo_core.answers", "schemas"])
+    cache=stage_cache("curate", ["tasks.curate", "tasks.readers", "tasks.synthetic", "dapo_core.answers", "schemas", "tasks.run_store"])
 )
 def curate(inputs: list[str], out_dir: str, config: CurateConfig) -> CurateReport:
     """Flyte task: curate ``inputs`` into Problem / RejectedProblem shards under ``out_dir``.
 
-    ``out_dir`` must be durable storage: a cache hit returns the report without rewriting it.
+    ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    cache hit returns the report without rewriting it.
     """
-    return curate_sources(inputs, out_dir, config)
+    with run_store.output(out_dir, folder=True) as local:
+        return curate_sources(inputs, local, config)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -22,7 +22,7 @@ from dapo_core.answers import DAPO_PROMPT_TEMPLATE
 from dapo_core.eval_metrics import avg_at_k, majority_vote, pass_at_k
 from dapo_core.rewards import score_responses
 from infra.environments import rollout_env, stage_cache
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from tasks.eval_sets import EvalProblem, load_eval_set
 from tasks.rollout import RolloutConfig, generate_rollouts
 
@@ -81,7 +81,7 @@ def evaluate_checkpoint(
     verdicts = score_responses(
         [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
     )
-    checkpoint_id = checkpoints.read_info(checkpoint_dir).checkpoint_id
+    checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
     by_problem: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_problem.setdefault(r["problem_id"], []).append(i)
@@ -131,7 +131,7 @@ def evaluate_checkpoint(
     cache=stage_cache(
         "evaluate",
         ["tasks.evaluate", "tasks.eval_sets", "tasks.curate", "tasks.readers", "dapo_core.answers", "tasks.rollout",
-         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas"],
+         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas", "tasks.run_store"],
     )
 )
 def evaluate(
@@ -143,7 +143,9 @@ def evaluate(
     engine_config: RolloutConfig,
 ) -> str:
     """Flyte task: evaluate ``checkpoint_dir``; writes EvalResult to ``out_path``, returns the summary JSON."""
-    summary = evaluate_checkpoint(checkpoint_dir, problem_paths, out_path, step, config, engine_config)
+    with run_store.output(out_path) as local:
+        summary = evaluate_checkpoint(checkpoint_dir, run_store.fetch_all(problem_paths), str(local), step, config,
+                                      engine_config)
     return json.dumps(summary, sort_keys=True)
 
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dapo_core.answers import extract_boxed, extract_gsm8k_answer, unwrap_prompt
+from tasks import run_store
 from tasks.synthetic import make_problem
 
 SPLIT_SUFFIXES = ("@train", "@test")
@@ -146,19 +147,25 @@ def read_synthetic(spec: InputSpec) -> SourceRecords:
 
 def read_file(spec: InputSpec) -> SourceRecords:
     """Read a Parquet or JSONL file; the source name is the file name."""
-    path = Path(spec.target)
+    path, where = Path(spec.target), str(Path(spec.target))
+    if run_store.is_remote(spec.target):
+        where = spec.target
+        try:
+            path = run_store.fetch(spec.target)  # a local copy; the records still name the URI
+        except FileNotFoundError as err:
+            raise CurationError(str(err)) from None
     if not path.is_file():
-        raise CurationError(f"{path}: no such file")
+        raise CurationError(f"{where}: no such file")
     if path.stat().st_size == 0:
-        raise CurationError(f"{path}: empty file")
+        raise CurationError(f"{where}: empty file")
     if path.suffix in (".jsonl", ".json"):
         rows, columns = _read_jsonl(path)
-        return SourceRecords(path.name, records_from_rows(rows, columns, path.name, str(path), spec.split))
+        return SourceRecords(path.name, records_from_rows(rows, columns, path.name, where, spec.split))
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as err:
-        raise CurationError(f"{path}: cannot read as Parquet (truncated or not Parquet?): {err}") from None
-    return SourceRecords(path.name, records_from_table(table, path.name, str(path), spec.split))
+        raise CurationError(f"{where}: cannot read as Parquet (truncated or not Parquet?): {err}") from None
+    return SourceRecords(path.name, records_from_table(table, path.name, where, spec.split))
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any] | tuple[str, str]], list[str]]:

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.environments import rollout_env, stage_cache
-from tasks import checkpoints
-from tasks import vllm_engine
+from tasks import checkpoints, run_store, vllm_engine
 
 
 @dataclass(frozen=True)
@@ -196,7 +195,9 @@ class _EngineActor:
     """A Ray actor holding one engine on one GPU; its engine survives across calls (reload)."""
 
     def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
-        return generate_part(checkpoint_dir, settings, sampling, requests, label)
+        # The actor may sit on another node than the task body: it fetches the checkpoint itself
+        # (once per checkpoint and node; a path on a shared filesystem is used in place).
+        return generate_part(str(run_store.fetch(checkpoint_dir)), settings, sampling, requests, label)
 
 
 _RAY_ACTORS: list[Any] = []
@@ -248,7 +249,8 @@ def generate_rollouts(
     engine (the same code path, used to test that the split does not change the output).
     """
     started = time.perf_counter()
-    checkpoint_dir = Path(checkpoint_dir)
+    source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
+    checkpoint_dir = run_store.fetch(source)
     info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
     if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
         raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
@@ -270,7 +272,7 @@ def generate_rollouts(
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
     if len(parts) > 1 and gpus > 1:
-        results = [r for part in _ray_generate(str(checkpoint_dir), settings, sampling, parts) for r in part]
+        results = [r for part in _ray_generate(source, settings, sampling, parts) for r in part]
     else:
         results = [
             r
@@ -302,7 +304,7 @@ def generate_rollouts(
     seconds = time.perf_counter() - started
     tokens = sum(r["response_length"] for r in rows)
     manifest = {
-        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_dir": source,
         "checkpoint_id": info.checkpoint_id,
         "policy_version": policy_version,
         "generation_round": generation_round,
@@ -329,11 +331,16 @@ def write_rollout_shard(rows: list[dict[str, Any]], manifest: dict[str, Any], ou
     out_path = Path(out_path)
     table = schemas.arrow_schema(schemas.Rollout).empty_table() if not rows else rows
     schemas.write_shard(table, out_path, schemas.Rollout)
-    manifest_path = out_path.with_name(out_path.name + ".manifest.json")
-    tmp = manifest_path.with_name(f".{manifest_path.name}.tmp")
+    manifest_file = Path(manifest_path(out_path))
+    tmp = manifest_file.with_name(f".{manifest_file.name}.tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, manifest_path)
+    os.replace(tmp, manifest_file)
     return out_path
+
+
+def manifest_path(shard_path: str | Path) -> str:
+    """The manifest beside a Rollout shard (a path or a URI): ``<shard>.manifest.json``."""
+    return f"{shard_path}.manifest.json"
 
 
 def rollout_shard(
@@ -361,7 +368,7 @@ def rollout_shard(
 
 
 @rollout_env.task(
-    cache=stage_cache("rollout", ["tasks.rollout", "tasks.vllm_engine", "tasks.checkpoints", "schemas"])
+    cache=stage_cache("rollout", ["tasks.rollout", "tasks.vllm_engine", "tasks.checkpoints", "schemas", "tasks.run_store"])
 )
 def rollout(
     checkpoint_dir: str,
@@ -375,14 +382,15 @@ def rollout(
 ) -> str:
     """Flyte task: G samples for each of ``problem_ids`` into the Rollout shard ``out_path``.
 
-    ``out_path`` must be durable storage: a cache hit returns the path without regenerating.
+    ``out_path`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    cache hit returns the path without regenerating. The manifest is uploaded before the shard.
     """
-    return str(
+    with run_store.output(out_path) as local_shard, run_store.output(manifest_path(out_path)):
         rollout_shard(
-            checkpoint_dir, problem_paths, problem_ids, out_path, config,
+            checkpoint_dir, run_store.fetch_all(problem_paths), problem_ids, local_shard, config,
             seed=seed, policy_version=policy_version, generation_round=generation_round,
         )
-    )
+    return out_path
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -27,6 +27,7 @@ from dapo_core.overlong import soft_overlong_penalty
 from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
 from dapo_core.sampling import REASON_KEPT, group_filter_reason
 from infra.environments import cpu_env, stage_cache
+from tasks import run_store
 
 
 @dataclass(frozen=True)
@@ -205,16 +206,18 @@ def score_shards(
 @cpu_env.task(
     cache=stage_cache(
         "score",
-        ["tasks.score", "dapo_core.rewards", "dapo_core.advantages", "dapo_core.overlong", "dapo_core.sampling", "schemas"],
+        ["tasks.score", "dapo_core.rewards", "dapo_core.advantages", "dapo_core.overlong", "dapo_core.sampling", "schemas", "tasks.run_store"],
     )
 )
 def score(
     rollout_paths: list[str], problem_paths: list[str], out_path: str, max_response_tokens: int, config: ScoreConfig
 ) -> str:
     """Flyte task: score Rollout shards into ``out_path``; returns the stats as JSON."""
-    stats = score_shards(
-        rollout_paths, problem_paths, out_path, max_response_tokens=max_response_tokens, config=config
-    )
+    with run_store.output(out_path) as local:
+        stats = score_shards(
+            run_store.fetch_all(rollout_paths), run_store.fetch_all(problem_paths), str(local),
+            max_response_tokens=max_response_tokens, config=config,
+        )
     return json.dumps(asdict(stats), sort_keys=True)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +44,7 @@ from typing import Any
 
 from dapo_core.losses import AGGREGATIONS
 from infra.environments import stage_cache, train_env
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from tasks import train_batch as tb
 from tasks import train_server
 from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
@@ -420,7 +421,8 @@ def _publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float],
         parent_checkpoint_id=parent_id,
         produced_by="train",
         inputs={
-            "scored_shards": [s for b in batches_meta for s in b["shards"]],
+            # As named in the run store (a URI when the shard was fetched into the mirror).
+            "scored_shards": [run_store.source_name(s) for b in batches_meta for s in b["shards"]],
             "steps": [b["step"] for b in batches_meta],
             "config": asdict(config),
             "resumed_optimizer_state": resume,
@@ -449,10 +451,38 @@ def train_step(
     return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config)
 
 
+def train_step_in_store(
+    checkpoint_dir: str,
+    scored_shards: Sequence[str],
+    out_dir: str,
+    *,
+    step: int,
+    config: TrainConfig,
+) -> TrainStepResult:
+    """``train_step`` where the run store may be an object store (tasks/run_store.py).
+
+    The parent checkpoint (with its optimizer state) and the batch are fetched into the local
+    mirror; the step publishes into the mirror, and the folder is uploaded with its
+    ``dapo_checkpoint.json`` last. The result names ``out_dir`` as given (the URI).
+    """
+    parent_local = run_store.fetch(checkpoint_dir)
+    shards = run_store.fetch_all(list(scored_shards))
+    if not run_store.is_remote(out_dir):
+        return train_step(parent_local, shards, out_dir, step=step, config=config)
+    if run_store.exists(run_store.join(out_dir, checkpoints.METADATA_FILE)):
+        # Uploaded before the task's result was recorded (killed in between): reuse it.
+        parent = checkpoints.read_info(parent_local)
+        result = _finished_result(run_store.fetch(out_dir), step=step, parent_id=parent.checkpoint_id)
+    else:
+        with run_store.output(out_dir, folder=True) as local:
+            result = train_step(parent_local, shards, local, step=step, config=config)
+    return dataclasses.replace(result, checkpoint_dir=out_dir)
+
+
 @train_env.task(
     cache=stage_cache(
         "train",
-        ["tasks.train", "tasks.train_rank", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "infra.deepspeed",
+        ["tasks.train", "tasks.train_rank", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "tasks.run_store", "infra.deepspeed",
          "dapo_core.losses", "dapo_core.metrics", "schemas"],
     )
 )
@@ -470,13 +500,13 @@ def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int
             return ""  # not rank 0: the plugin returns rank 0's output
         result = ranked
     else:
-        result = train_step(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
+        result = train_step_in_store(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
     return json.dumps({**result.metrics, "checkpoint_dir": result.checkpoint_dir, "timings": result.timings},
                       sort_keys=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="published checkpoint folder to train from")
+    parser.add_argument("checkpoint", help="published checkpoint folder (a path or an object-store URI) to train from")
     parser.add_argument("scored", nargs="+", help="ScoredRollout shard(s) (files or folders)")
     parser.add_argument("--out", required=True, help="folder of the next checkpoint (published atomically)")
     parser.add_argument("--step", type=int, required=True, help="the step number this update produces")
@@ -489,7 +519,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
     config = stage_config("train", args.config, args.set)
     try:
-        result = train_step(args.checkpoint, args.scored, args.out, step=args.step, config=config)
+        result = train_step_in_store(args.checkpoint, args.scored, args.out, step=args.step, config=config)
     except TrainStepError as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 1

@@ -9,12 +9,14 @@ rank validates the batch, builds the same worker spec (tasks/train.py: _worker_s
 process group and runs the step (tasks/train_worker.py, the same code the torchrun launch runs);
 rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
 rank 0's). The staging and work folders are named from the out folder and the elastic run id,
-so every rank on every node agrees on them without talking; they sit beside the out folder, so
-on a cluster they are on the shared run store that all nodes mount.
+so every rank on a node agrees on them without talking. On a shared filesystem they sit beside
+the out folder, which all nodes mount; on an object store (tasks/run_store.py) each node has
+them in its own mirror, uploads its ranks' files, and rank 0 uploads the marker last.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from tasks.train import (
     TrainConfig,
     TrainStepError,
@@ -71,22 +73,37 @@ def train_step_as_rank(
     if world != config.num_processes and rank == 0:
         warnings.warn(f"train.num_processes={config.num_processes} but the elastic job has {world} ranks; "
                       f"training on {world}", RuntimeWarning, stacklevel=2)
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    # On an object store every node works in its own mirror (tasks/run_store.py): the parent is
+    # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
+    out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir), run_store.local_path(out_uri)
+    scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
-    if checkpoints.is_complete(out_dir):
-        return _finished_result(out_dir, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
+    if run_store.exists(run_store.join(out_uri, checkpoints.METADATA_FILE)):
+        if rank != 0:
+            return None
+        done = _finished_result(run_store.fetch(out_uri), step=step, parent_id=parent.checkpoint_id)
+        return dataclasses.replace(done, checkpoint_dir=out_uri)
     batches_meta = _check_batches([(step, list(scored_shards))], config)
     resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)
     spec = tw.WorkerSpec.from_dict(
         _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume))
 
+    # One rank per folder prepares it: rank 0 on a shared filesystem, each node's first rank in
+    # node-local mirrors.
+    preparer = local_rank == 0 if remote else rank == 0
     tw._init_process()
     try:
-        if rank == 0:
+        if preparer:
             for folder in (staging, work_dir):
                 shutil.rmtree(folder, ignore_errors=True)  # a retried attempt's leftovers
                 folder.mkdir(parents=True)
+            if remote:
+                shutil.rmtree(out_dir, ignore_errors=True)
+        if remote and rank == 0:
+            run_store.remove(out_uri)  # what a killed attempt uploaded (it has no marker)
         dist.barrier()
         t_launch = time.perf_counter()
         try:
@@ -96,14 +113,23 @@ def train_step_as_rank(
             raise TrainStepError(f"step {step}: training failed on rank {rank}: {type(err).__name__}: {err} "
                                  "(nothing published)") from err
         dist.barrier()  # every rank's shard of the export is written
+        if remote:
+            if preparer and rank != 0:
+                run_store.upload_folder(staging, out_uri, clear=False, include_marker=False)
+            dist.barrier()  # every other node's files are in the store
         if rank != 0:
             return None
         worker_metrics = json.loads((work_dir / "metrics.json").read_text())
-        return _publish_step(worker_metrics, {"elastic_ranks": float(world)}, time.perf_counter() - t_launch,
-                             staging=staging, out_dir=out_dir, config=config, last_step=step,
-                             parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume, t_start=t_start)
+        result = _publish_step(worker_metrics, {"elastic_ranks": float(world)}, time.perf_counter() - t_launch,
+                               staging=staging, out_dir=out_dir, config=config, last_step=step,
+                               parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume,
+                               t_start=t_start)
+        if remote:
+            run_store.upload_folder(out_dir, out_uri, clear=False)  # rank 0's node, the marker last
+            result = dataclasses.replace(result, checkpoint_dir=out_uri)
+        return result
     finally:
-        if rank == 0:
+        if preparer:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(work_dir, ignore_errors=True)
         if dist.is_initialized():

@@ -30,6 +30,7 @@ from typing import Any
 import flyte
 
 from infra.environments import cpu_env
+from tasks import run_store
 from workflows.config import RunConfig, config_from_dict, load_config
 from workflows.run_layout import RunLayout
 
@@ -109,9 +110,9 @@ def _link(target: Path, link: Path) -> None:
 
 def link_shared(shared: RunLayout, run: RunLayout) -> None:
     """Make the shared curation, step-0 checkpoint and step-0 evaluation part of ``run``'s folder."""
-    _link(shared.curate_dir, run.curate_dir)
-    _link(shared.checkpoint(0), run.checkpoint(0))
-    _link(shared.eval_shard(0), run.eval_shard(0))
+    _link(Path(shared.curate_dir), Path(run.curate_dir))
+    _link(Path(shared.checkpoint(0)), Path(run.checkpoint(0)))
+    _link(Path(shared.eval_shard(0)), Path(run.eval_shard(0)))
 
 
 def _read_metrics(layout: RunLayout, steps: int) -> list[dict[str, Any]]:
@@ -144,6 +145,10 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
 
     started = time.perf_counter()
     base = config_from_dict(json.loads(config_json), source=config_source or "dapo_ablation input")
+    if run_store.is_remote(ladder_dir):
+        # The rungs share curation and the step-0 policy through symlinks (link_shared).
+        raise ValueError(f"{ladder_dir}: the ablation ladder needs a filesystem run root (a path or shared "
+                         "volume), not an object store; `dapo run` accepts object-store URIs")
     root = Path(ladder_dir)
     shared = RunLayout(root / "shared")
     start_run_folder(base, shared)
@@ -175,8 +180,10 @@ def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], r
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
     from workflows.pipeline import init_flyte_for_run
 
+    if run_store.is_remote(run_root):
+        raise ValueError(f"{run_root}: the ablation ladder needs a filesystem run root, not an object store")
     layout = RunLayout(Path(run_root).resolve() / f"{config.run.name}-ladder")
-    layout.root.mkdir(parents=True, exist_ok=True)
+    Path(layout.root).mkdir(parents=True, exist_ok=True)
     init_flyte_for_run(layout)
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
     run = flyte.with_runcontext(mode="local").run(
@@ -203,9 +210,9 @@ def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], ru
         runs = []
         for seed in seeds:
             layout = RunLayout(ladder_dir / rung.slug / f"seed-{seed}")
-            if not layout.summary.is_file():
+            if not Path(layout.summary).is_file():
                 raise FileNotFoundError(f"{layout.root}: no summary.json (run `dapo ablate` for rung {index}, seed {seed})")
-            summary = json.loads(layout.summary.read_text())
+            summary = json.loads(Path(layout.summary).read_text())
             runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, summary["steps"])})
         results.append(_rung_result(all_rungs, index, runs))
     return results

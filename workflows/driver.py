@@ -11,7 +11,6 @@ import json
 import math
 import platform
 import time
-from pathlib import Path
 from typing import Any
 
 import flyte
@@ -22,7 +21,7 @@ import schemas
 from dapo_core.sampling import DynamicSamplingAccumulator
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
@@ -36,16 +35,14 @@ from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
 
 
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    """Atomic (temp-then-rename, or one object PUT) JSON record in the run store."""
+    run_store.write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def _round_groups(scored_path: str) -> list[tuple[str, str, object]]:
     """``(group_key, reason, payload)`` per group of a scored round, in first-row order."""
-    table = schemas.read_shard(scored_path, schemas.ScoredRollout)
+    table = schemas.read_shard(run_store.fetch(scored_path), schemas.ScoredRollout)
     seen: dict[str, str] = {}
     for key, reason in zip(group_keys_of(table), table.column("filter_reason").to_pylist()):
         seen.setdefault(key, reason)
@@ -53,7 +50,7 @@ def _round_groups(scored_path: str) -> list[tuple[str, str, object]]:
 
 
 def _problem_ids(paths: list[str]) -> list[str]:
-    return schemas.read_shards(paths, schemas.Problem).column("problem_id").to_pylist()
+    return schemas.read_shards(run_store.fetch_all(paths), schemas.Problem).column("problem_id").to_pylist()
 
 
 def _fmt3(value: float | None) -> str:
@@ -61,8 +58,8 @@ def _fmt3(value: float | None) -> str:
     return "nan" if value is None else f"{value:.3f}"
 
 
-def _sample_responses(batch_path: Path, count: int = 4) -> list[dict[str, Any]]:
-    table = schemas.read_shard(batch_path, schemas.ScoredRollout)
+def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
+    table = schemas.read_shard(run_store.fetch(batch_path), schemas.ScoredRollout)
     cols = ["problem_id", "response_text", "reward", "correct", "filter_reason", "response_length", "finish_reason"]
     return table.select(cols).slice(0, count).to_pylist()
 
@@ -108,8 +105,8 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
     drv = cfg.run
     curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
-    train_paths = sorted(str(p) for p in layout.problems_dir.glob("train-*.parquet"))
-    test_paths = sorted(str(p) for p in layout.problems_dir.glob("test-*.parquet"))
+    train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
+    test_paths = run_store.glob(layout.problems_dir, "test-*.parquet")
     if not train_paths or not test_paths:
         raise RuntimeError(
             f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
@@ -131,8 +128,9 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
-    # per run folder at a time.
-    checkpoints.clean_stale_staging(layout.checkpoints_dir)
+    # per run folder at a time. (An object store has no staging folders: tasks/run_store.py.)
+    if not run_store.is_remote(layout.root):
+        checkpoints.clean_stale_staging(layout.checkpoints_dir)
 
 
 @cpu_env.task(report=True)
@@ -144,7 +142,7 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
     """
     started = time.perf_counter()
     cfg = config_from_dict(json.loads(config_json), source=config_source or "dapo_pipeline input")
-    layout = RunLayout(Path(run_dir))
+    layout = RunLayout(run_dir)
     start_run_folder(cfg, layout)
     prepared = await prepare_run(cfg, layout)
     summary = await train_and_report(cfg, layout, prepared, started=started)
@@ -208,14 +206,15 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         train_s = time.perf_counter() - t
         checkpoint = trained["checkpoint_dir"]
 
-        batch = schemas.read_shard(layout.batch_shard(step), schemas.ScoredRollout)
-        if layout.metrics_shard(step).exists():
+        batch = schemas.read_shard(run_store.fetch(layout.batch_shard(step)), schemas.ScoredRollout)
+        if run_store.exists(layout.metrics_shard(step)):
             # Written when this step first finished; a re-run (all cache hits) must not replace
             # its measured stage timings with the near-zero time of cache lookups.
-            row = schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0]
+            row = schemas.read_shard(run_store.fetch(layout.metrics_shard(step)), schemas.StepMetrics).to_pylist()[0]
         else:
             row = _step_row(trained, batch, round_stats, result.rounds, rollout_s, score_s, train_s)
-            schemas.write_shard([row], layout.metrics_shard(step), schemas.StepMetrics)
+            with run_store.output(layout.metrics_shard(step)) as local:
+                schemas.write_shard([row], local, schemas.StepMetrics)
         metrics_rows.append(nan_to_none(row))
         step_seconds.append(time.perf_counter() - step_started)
         print(
@@ -249,9 +248,10 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         "step_seconds": [round(s, 2) for s in step_seconds],
     }
     samples = _sample_responses(layout.batch_shard(drv.steps)) if drv.steps > 0 else []
-    page, inline_page = write_report(
-        layout.report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
-    )
-    summary["report"] = str(page)
+    with run_store.output(layout.report_dir, folder=True) as report_dir:
+        page, inline_page = write_report(
+            report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
+        )
+    summary["report"] = run_store.join(layout.report_dir, page.name)
     _write_json(layout.summary, summary)
     return {**summary, "_inline_report": inline_page}

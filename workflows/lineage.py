@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 import schemas
-from tasks import checkpoints
+from tasks import checkpoints, run_store
 from workflows.run_layout import RunLayout
 
 
@@ -44,7 +44,7 @@ def _step_of(path: Path) -> int:
 
 
 def _checkpoint_dirs(layout: RunLayout) -> list[Path]:
-    return sorted(p for p in layout.checkpoints_dir.glob("step-*") if checkpoints.is_complete(p))
+    return sorted(p for p in Path(layout.checkpoints_dir).glob("step-*") if checkpoints.is_complete(p))
 
 
 def checkpoint_by_id(layout: RunLayout, checkpoint_id: str) -> Path:
@@ -59,22 +59,22 @@ def checkpoint_by_id(layout: RunLayout, checkpoint_id: str) -> Path:
 
 def sample_lineage(layout: RunLayout, rollout_id: str) -> dict[str, Any]:
     """Everything recorded about one sample; raises LineageError when it is not in the run."""
-    scored_paths = sorted(layout.root.glob("steps/step-*/scored/*.parquet"))
+    scored_paths = sorted(Path(layout.root).glob("steps/step-*/scored/*.parquet"))
     hit = _find_row(scored_paths, schemas.ScoredRollout, "rollout_id", rollout_id)
     if hit is None:
         raise LineageError(f"{layout.root}: no sample with rollout_id {rollout_id!r} in {len(scored_paths)} scored shards")
     scored_path, row = hit
-    problem_hit = _find_row(sorted(layout.problems_dir.glob("*.parquet")), schemas.Problem, "problem_id", row["problem_id"])
+    problem_hit = _find_row(sorted(Path(layout.problems_dir).glob("*.parquet")), schemas.Problem, "problem_id", row["problem_id"])
     if problem_hit is None:
         raise LineageError(f"{layout.problems_dir}: problem {row['problem_id']} of sample {rollout_id} not found")
     problem_path, problem = problem_hit
 
     trained_step = None
     surplus_at = []
-    for batch in sorted(layout.root.glob("steps/step-*/batch.parquet")):
+    for batch in sorted(Path(layout.root).glob("steps/step-*/batch.parquet")):
         if _find_row([batch], schemas.ScoredRollout, "rollout_id", rollout_id):
             trained_step = _step_of(batch)
-    for surplus in sorted(layout.root.glob("steps/step-*/surplus.parquet")):
+    for surplus in sorted(Path(layout.root).glob("steps/step-*/surplus.parquet")):
         if _find_row([surplus], schemas.ScoredRollout, "rollout_id", rollout_id):
             surplus_at.append(_step_of(surplus))
     if trained_step is not None:
@@ -153,7 +153,7 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
             "parent_checkpoint_id": info.parent_checkpoint_id,
         }
         if info.step > 0:
-            batch_path = layout.batch_shard(info.step)
+            batch_path = Path(layout.batch_shard(info.step))
             if batch_path.exists():
                 batch = schemas.read_shard(batch_path, schemas.ScoredRollout)
                 entry["batch"] = {
@@ -162,9 +162,9 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
                     "problems": len(set(batch.column("problem_id").to_pylist())),
                     "generated_by": sorted(set(batch.column("checkpoint_id").to_pylist())),
                     "reward_versions": sorted(set(batch.column("reward_version").to_pylist())),
-                    "rounds": sorted(str(p) for p in layout.step_dir(info.step).glob("scored/*.parquet")),
+                    "rounds": sorted(str(p) for p in Path(layout.step_dir(info.step)).glob("scored/*.parquet")),
                 }
-            metrics_path = layout.metrics_shard(info.step)
+            metrics_path = Path(layout.metrics_shard(info.step))
             if metrics_path.exists():
                 entry["metrics"] = schemas.read_shard(metrics_path, schemas.StepMetrics).to_pylist()[0]
         else:
@@ -178,18 +178,44 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
 
 def trained_samples(layout: RunLayout, step: int) -> list[str]:
     """The rollout ids step ``step`` trained on."""
-    path = layout.batch_shard(step)
+    path = Path(layout.batch_shard(step))
     if not path.exists():
         raise LineageError(f"{path}: step {step} has no batch (not run yet?)")
     return schemas.read_shard(path, schemas.ScoredRollout).column("rollout_id").to_pylist()
 
 
+# Lineage reads records, never weights or optimizer state: these stay in the object store.
+_NOT_RECORDS = (".safetensors", ".bin", ".pt", ".pth", ".png", ".html")
+
+
 def resolve_run(run: str, run_root: str) -> RunLayout:
-    """A run folder given as a path, or as a name under ``run_root``."""
-    for candidate in (Path(run), Path(run_root) / run):
-        if (candidate / "run.json").is_file():
-            return RunLayout(candidate.resolve())
+    """A run folder given as a path or URI, or as a name under ``run_root``.
+
+    A run in an object store is copied (records only) to a local folder first, which the
+    returned layout names; ``display_names`` maps its paths back to URIs.
+    """
+    candidates = [run] if run_store.is_remote(run) else [run, run_store.join(run_root, run)]
+    for candidate in candidates:
+        if not run_store.exists(run_store.join(candidate, "run.json")):
+            continue
+        if not run_store.is_remote(candidate):
+            return RunLayout(Path(candidate).resolve())
+        local = _records_copy(candidate)
+        run_store.download_tree(candidate, local, exclude_suffixes=_NOT_RECORDS)
+        return RunLayout(local)
     raise LineageError(f"{run!r}: not a run folder (no run.json here or under {run_root}/)")
+
+
+def _records_copy(uri: str) -> Path:
+    return run_store.mirror_root() / "lineage" / run_store.local_path(uri).relative_to(run_store.mirror_root())
+
+
+def display_names(text: str, run: str, run_root: str) -> str:
+    """``text`` with the local records copy of an object-store run named by its URI again."""
+    for candidate in [run, run_store.join(run_root, run)]:
+        if run_store.is_remote(candidate):
+            text = text.replace(str(_records_copy(candidate)), candidate)
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,22 +227,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--step", type=int, metavar="N", help="list the sample ids step N trained on")
 
 
-def _print(payload: Any) -> None:
-    print(json.dumps(payload, indent=2, sort_keys=False, default=str))
-
-
 def run_cli(args: argparse.Namespace) -> int:
+    def show(text: str) -> None:
+        print(display_names(text, args.run, args.run_root))
+
     try:
         layout = resolve_run(args.run, args.run_root)
         if args.sample:
-            _print(sample_lineage(layout, args.sample))
+            show(json.dumps(sample_lineage(layout, args.sample), indent=2, default=str))
         elif args.checkpoint is not None:
-            _print(checkpoint_lineage(layout, args.checkpoint))
+            show(json.dumps(checkpoint_lineage(layout, args.checkpoint), indent=2, default=str))
         else:
             for rollout_id in trained_samples(layout, args.step):
                 print(rollout_id)
     except LineageError as err:
-        print(f"dapo lineage: {err}", file=sys.stderr)
+        print(display_names(f"dapo lineage: {err}", args.run, args.run_root), file=sys.stderr)
         return 1
     return 0
 

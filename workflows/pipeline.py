@@ -25,6 +25,7 @@ from typing import Any
 
 import flyte
 
+from tasks import run_store
 from workflows.config import RunConfig, load_config
 from workflows.run_layout import RunLayout
 
@@ -35,10 +36,13 @@ def _flyte_config(layout: RunLayout) -> Path:
     """Write this run's Flyte config: local cache DB and run records live in the run folder.
 
     Flyte 2 keeps its local cache next to the config file in use, so a per-run config means a
-    deleted run folder can never leave cache entries that point at deleted shards.
+    deleted run folder can never leave cache entries that point at deleted shards. For a run in
+    an object store this folder is in the local mirror (tasks/run_store.py): the cache and
+    records belong to the machine that drives the run.
     """
-    layout.flyte_dir.mkdir(parents=True, exist_ok=True)
-    path = layout.flyte_dir / "config.yaml"
+    flyte_dir = run_store.local_path(layout.flyte_dir)
+    flyte_dir.mkdir(parents=True, exist_ok=True)
+    path = flyte_dir / "config.yaml"
     if not path.exists():
         path.write_text("image:\n  builder: local\nlocal:\n  persistence: true\n")
     return path
@@ -68,8 +72,11 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     """Run (or resume) the whole pipeline through Flyte locally; returns the summary."""
     from workflows.driver import dapo_pipeline
 
-    layout = RunLayout(Path(run_root).resolve() / config.run.name)
-    layout.root.mkdir(parents=True, exist_ok=True)
+    if run_store.is_remote(run_root):
+        layout = RunLayout(run_store.join(str(run_root), config.run.name))
+    else:
+        layout = RunLayout(Path(run_root).resolve() / config.run.name)
+        Path(layout.root).mkdir(parents=True, exist_ok=True)
     init_flyte_for_run(layout)
     run = flyte.with_runcontext(mode="local").run(
         dapo_pipeline,
@@ -86,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="configs/tiny-cpu.yaml", help="run config YAML (default: %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config field, e.g. --set run.steps=2 (repeatable)")
-    parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT, help="folder holding run folders (default: %(default)s)")
+    parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT,
+                        help="folder or object-store URI (s3://bucket/runs) holding run folders (default: %(default)s)")
 
 
 def format_summary(summary: dict[str, Any]) -> str:

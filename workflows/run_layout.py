@@ -2,73 +2,82 @@
 
 The driver hands each task explicit output paths from here, so a task never writes into a
 temporary folder that a cache entry could outlive, and the lineage command finds everything
-by walking the same layout.
+by walking the same layout. The root is a path or an object-store URI (tasks/run_store.py), so
+every name is a string joined the same way for both.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from tasks.run_store import join
 
 
 @dataclass(frozen=True)
 class RunLayout:
-    """Paths of one run folder ``<run_root>/<run name>``."""
+    """Names inside one run folder ``<run_root>/<run name>`` (a path or a URI)."""
 
-    root: Path
+    root: str
 
-    @property
-    def run_record(self) -> Path:
-        return self.root / "run.json"  # resolved config, its digest and code versions
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", str(self.root).rstrip("/") if "://" in str(self.root) else os.fspath(self.root))
 
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
+    def _at(self, *parts: str) -> str:
+        return join(self.root, *parts)
 
     @property
-    def flyte_dir(self) -> Path:
-        return self.root / "flyte"  # Flyte config, local cache DB and run records of this run
+    def run_record(self) -> str:
+        return self._at("run.json")  # resolved config, its digest and code versions
 
     @property
-    def problems_dir(self) -> Path:
-        return self.root / "curate" / "problems"
+    def summary(self) -> str:
+        return self._at("summary.json")
 
     @property
-    def rejected_dir(self) -> Path:
-        return self.root / "curate" / "rejected"
+    def flyte_dir(self) -> str:
+        return self._at("flyte")  # Flyte config, local cache DB and run records of this run
 
     @property
-    def curate_dir(self) -> Path:
-        return self.root / "curate"
-
-    def checkpoint(self, step: int) -> Path:
-        return self.root / "checkpoints" / f"step-{step:04d}"
+    def curate_dir(self) -> str:
+        return self._at("curate")
 
     @property
-    def checkpoints_dir(self) -> Path:
-        return self.root / "checkpoints"
-
-    def step_dir(self, step: int) -> Path:
-        return self.root / "steps" / f"step-{step:04d}"
-
-    def rollout_shard(self, step: int, generation_round: int) -> Path:
-        return self.step_dir(step) / "rollouts" / f"round-{generation_round:02d}.parquet"
-
-    def scored_shard(self, step: int, generation_round: int) -> Path:
-        return self.step_dir(step) / "scored" / f"round-{generation_round:02d}.parquet"
-
-    def batch_shard(self, step: int) -> Path:
-        return self.step_dir(step) / "batch.parquet"  # the groups step `step` trained on
-
-    def surplus_shard(self, step: int) -> Path:
-        return self.step_dir(step) / "surplus.parquet"  # informative groups carried to the next step
-
-    def metrics_shard(self, step: int) -> Path:
-        return self.step_dir(step) / "metrics.parquet"
-
-    def eval_shard(self, step: int) -> Path:
-        return self.root / "eval" / f"step-{step:04d}.parquet"
+    def problems_dir(self) -> str:
+        return self._at("curate", "problems")
 
     @property
-    def report_dir(self) -> Path:
-        return self.root / "report"
+    def rejected_dir(self) -> str:
+        return self._at("curate", "rejected")
+
+    @property
+    def checkpoints_dir(self) -> str:
+        return self._at("checkpoints")
+
+    def checkpoint(self, step: int) -> str:
+        return self._at("checkpoints", f"step-{step:04d}")
+
+    def step_dir(self, step: int) -> str:
+        return self._at("steps", f"step-{step:04d}")
+
+    def rollout_shard(self, step: int, generation_round: int) -> str:
+        return self._at("steps", f"step-{step:04d}", "rollouts", f"round-{generation_round:02d}.parquet")
+
+    def scored_shard(self, step: int, generation_round: int) -> str:
+        return self._at("steps", f"step-{step:04d}", "scored", f"round-{generation_round:02d}.parquet")
+
+    def batch_shard(self, step: int) -> str:
+        return self._at("steps", f"step-{step:04d}", "batch.parquet")  # the groups step `step` trained on
+
+    def surplus_shard(self, step: int) -> str:
+        return self._at("steps", f"step-{step:04d}", "surplus.parquet")  # informative groups carried on
+
+    def metrics_shard(self, step: int) -> str:
+        return self._at("steps", f"step-{step:04d}", "metrics.parquet")
+
+    def eval_shard(self, step: int) -> str:
+        return self._at("eval", f"step-{step:04d}.parquet")
+
+    @property
+    def report_dir(self) -> str:
+        return self._at("report")

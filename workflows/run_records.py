@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks import run_store
 from workflows.run_layout import RunLayout
 
 
@@ -29,7 +30,7 @@ class ActionRecord:
 
 def action_records(layout: RunLayout) -> list[ActionRecord]:
     """Every recorded action of every Flyte run in this run folder, oldest first."""
-    db = layout.flyte_dir / "local-cache" / "cache.db"
+    db = run_store.local_path(layout.flyte_dir) / "local-cache" / "cache.db"
     if not db.is_file():
         return []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
@@ -53,4 +54,4 @@ def flyte_runs(layout: RunLayout) -> list[str]:
 
 
 def db_path(layout: RunLayout) -> Path:
-    return layout.flyte_dir / "local-cache" / "cache.db"
+    return run_store.local_path(layout.flyte_dir) / "local-cache" / "cache.db"

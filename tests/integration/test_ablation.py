@@ -72,15 +72,15 @@ def test_ablation_json_lists_rungs_in_order_with_one_accuracy_per_seed(ladder_di
 
 def test_runs_share_one_curation_and_step0_policy(ladder_dir: Path) -> None:
     shared = RunLayout(ladder_dir / "shared")
-    step0 = shared.checkpoint(0).resolve()
+    step0 = Path(shared.checkpoint(0)).resolve()
     assert checkpoints.is_complete(step0)
     runs = sorted(ladder_dir.glob("*/seed-*"))
     assert [f"{p.parent.name}/{p.name}" for p in runs] == [
         "0-naive-grpo/seed-0", "0-naive-grpo/seed-1", "5-dynamic-sampling/seed-0", "5-dynamic-sampling/seed-1"]
     for folder in runs:
         layout = RunLayout(folder)
-        assert layout.checkpoint(0).is_symlink() and layout.checkpoint(0).resolve() == step0
-        assert layout.curate_dir.resolve() == shared.curate_dir.resolve()
+        assert Path(layout.checkpoint(0)).is_symlink() and Path(layout.checkpoint(0)).resolve() == step0
+        assert Path(layout.curate_dir).resolve() == Path(shared.curate_dir).resolve()
         parent = checkpoints.read_info(layout.checkpoint(1)).parent_checkpoint_id
         assert parent == checkpoints.read_info(step0).checkpoint_id
     # one warm-up only: no other step-0 checkpoint anywhere

@@ -86,35 +86,35 @@ def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> No
         "eval/*.parquet": schemas.EvalResult,
     }
     for pattern, model in expected.items():
-        paths = sorted(layout.root.glob(pattern))
+        paths = sorted(Path(layout.root).glob(pattern))
         assert paths, f"no shard matches {pattern}"
         for path in paths:
             schemas.read_shard(path, model)  # raises ShardValidationError naming file/column/rows
-    every = set(layout.root.rglob("*.parquet"))
-    covered = {p for pattern in expected for p in layout.root.glob(pattern)}
+    every = set(Path(layout.root).rglob("*.parquet"))
+    covered = {p for pattern in expected for p in Path(layout.root).glob(pattern)}
     # train_metrics.parquet inside checkpoints is the train task's own copy of the StepMetrics row
     assert {p for p in every - covered if p.name != "train_metrics.parquet"} == set()
     for step in (0, 1, 2):
         assert checkpoints.is_complete(layout.checkpoint(step))
-    summary = json.loads(layout.summary.read_text())
+    summary = json.loads(Path(layout.summary).read_text())
     assert summary["steps"] == 2
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert summary["wall_seconds"] > 0
-    assert (layout.report_dir / "index.html").is_file() and list(layout.report_dir.glob("*.png"))
+    assert (Path(layout.report_dir) / "index.html").is_file() and list(Path(layout.report_dir).glob("*.png"))
     # no half-written leftovers anywhere
-    assert not [p for p in layout.root.rglob("*") if ".staging-" in p.name or p.name.endswith(".tmp")]
+    assert not [p for p in Path(layout.root).rglob("*") if ".staging-" in p.name or p.name.endswith(".tmp")]
 
 
 def test_second_run_is_all_cache_hits(finished_run: RunLayout, run_root: Path) -> None:
     layout = finished_run
-    before = {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.parquet")}
+    before = {p: p.stat().st_mtime_ns for p in Path(layout.root).rglob("*.parquet")}
     _dapo_run(run_root, "ref")
     runs = flyte_runs(layout)
     assert len(runs) >= 2
     last = [r for r in action_records(layout) if r.run_name == runs[-1] and r.cache_enabled]
     assert {r.task_name.split(".")[-1] for r in last} >= {"curate", "bootstrap", "rollout", "score", "assemble_batch", "train", "evaluate"}
     assert all(r.cache_hit for r in last), [(r.task_name, r.cache_hit) for r in last if not r.cache_hit]
-    after = {p: p.stat().st_mtime_ns for p in layout.root.rglob("*.parquet")}
+    after = {p: p.stat().st_mtime_ns for p in Path(layout.root).rglob("*.parquet")}
     assert after == before  # nothing was rewritten
 
 
@@ -165,7 +165,7 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     try:
         # Step 2's training has begun once its staging folder exists (made before the workers
         # start updating); a warm worker group needs only ~1 s per step, so look often.
-        while not list(layout.checkpoints_dir.glob(".step-0002.staging-*")):
+        while not list(Path(layout.checkpoints_dir).glob(".step-0002.staging-*")):
             assert proc.poll() is None, "the run ended before step 2 trained"
             assert time.monotonic() < deadline, "step 2 never started training"
             time.sleep(0.01)

@@ -260,6 +260,57 @@ def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: 
     assert not list(tmp_path.glob(".R1.staging-*"))  # staging and work folders cleaned up
 
 
+def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store(
+    runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two elastic agents, one per "node", each with its own local mirror (no shared folder):
+    # each fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank 0 adds the
+    # marker last (tasks/train_rank.py). Same update as run A; both ranks' state in the store.
+    import socket
+    import subprocess
+    from dataclasses import asdict
+
+    from tasks import run_store
+
+    root = "s3://dapo-test/two-nodes"
+    run_store.upload_folder(runs["ck0"], f"{root}/ck0")
+    run_store.upload_file(runs["shard1"], f"{root}/batch.parquet")
+    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False)
+    args = {"checkpoint": f"{root}/ck0", "shards": [f"{root}/batch.parquet"], "out": f"{root}/step-0001", "step": 1,
+            "config": asdict(config), "result_path": str(tmp_path / "result.json")}
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    repo = Path(__file__).resolve().parents[2]
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+             "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+             str(Path(__file__).parent / "elastic_rank_main.py"), str(tmp_path / "args.json")],
+            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo),
+                 run_store.MIRROR_ENV: str(tmp_path / f"node-{node}")},
+        )
+        for node in (0, 1)
+    ]
+    logs = [agent.communicate(timeout=600)[0] for agent in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["checkpoint_dir"] == f"{root}/step-0001"
+    names = [u.removeprefix(f"{root}/step-0001/") for u in run_store._find(f"{root}/step-0001")]
+    assert any("rank_1" in n for n in names if n.startswith(DS_STATE_DIR)), names  # uploaded by node 1
+    assert any("rank_0" in n for n in names if n.startswith(DS_STATE_DIR)), names
+    assert (tmp_path / "node-1" / "s3" / "dapo-test" / "two-nodes" / "ck0" / "model.safetensors").is_file()  # fetched
+    fresh = tmp_path / "reader"
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(fresh))
+    published = run_store.fetch(f"{root}/step-0001")
+    assert published.is_relative_to(fresh)
+    info = checkpoints.read_info(published)
+    assert info.checkpoint_id == result["checkpoint_id"] and info.inputs["scored_shards"] == [f"{root}/batch.parquet"]
+    assert _max_diff(_weights(published), _weights(runs["A"].checkpoint_dir)) < ATOL
+
+
 def test_chunked_log_probs_and_activation_checkpointing_do_not_change_the_update(runs: dict, tmp_path: Path) -> None:
     # The memory savers for long samples (docs/CLUSTER.md) must be pure memory/time trades:
     # chunks of 5 positions (fixture responses are 3-12 tokens after 4 prompt tokens), layers

@@ -1,0 +1,124 @@
+"""The run store on an object store: paths, atomic uploads, marker-last folders, the mirror.
+
+Runs each case on fsspec's in-memory store and on a local S3 server (moto, through the Flyte
+SDK's obstore filesystem, as on a cluster); the S3 cases skip when moto is not installed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tasks import run_store
+
+
+@pytest.fixture(params=["memory", "s3"])
+def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh run root in the store under test."""
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")
+        return f"s3://dapo-test/runs-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "mirror"))
+    return f"memory://dapo-test/runs-{uuid.uuid4().hex[:8]}"
+
+
+def test_paths_and_uris_are_told_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path))
+    assert run_store.join("s3://b/runs/", "r1", "x.parquet") == "s3://b/runs/r1/x.parquet"
+    assert run_store.join("runs", "r1") == str(Path("runs", "r1"))
+    assert not run_store.is_remote("/data/runs") and not run_store.is_remote("file:///data/runs")
+    assert run_store.local_path("file:///data/x") == Path("/data/x")
+    assert run_store.local_path("s3://b/runs/x") == tmp_path / "s3" / "b" / "runs" / "x"
+    assert run_store.source_name(tmp_path / "s3" / "b" / "runs" / "x") == "s3://b/runs/x"
+
+
+def test_local_paths_pass_through(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "x.txt"
+    with run_store.output(str(target)) as local:
+        assert local == target  # stage code writes in place; its own temp-then-rename applies
+        local.parent.mkdir(parents=True)
+        local.write_text("1")
+    assert run_store.fetch(str(target)) == target
+    assert run_store.glob(str(tmp_path), "a/*.txt") == [str(target)]
+
+
+def test_text_round_trip_and_listing(root: str) -> None:
+    run_store.write_text(run_store.join(root, "steps", "a.json"), '{"a": 1}')
+    run_store.write_text(run_store.join(root, "steps", "b.json"), '{"b": 2}')
+    assert run_store.read_text(run_store.join(root, "steps", "b.json")) == '{"b": 2}'
+    assert run_store.glob(root, "steps/*.json") == [run_store.join(root, "steps", n) for n in ("a.json", "b.json")]
+    assert run_store.exists(run_store.join(root, "steps", "a.json"))
+    assert not run_store.exists(run_store.join(root, "steps", "c.json"))
+    with pytest.raises(FileNotFoundError, match="c.json"):
+        run_store.read_text(run_store.join(root, "steps", "c.json"))
+
+
+def test_file_output_is_uploaded_only_after_the_block(root: str) -> None:
+    uri = run_store.join(root, "x.parquet")
+    with pytest.raises(RuntimeError, match="stage failed"):
+        with run_store.output(uri) as local:
+            local.write_bytes(b"half")
+            raise RuntimeError("stage failed")
+    assert not run_store.exists(uri)  # nothing half-written reaches the store
+    with run_store.output(uri) as local:
+        local.write_bytes(b"whole")
+    assert run_store.read_bytes(uri) == b"whole"
+
+
+def _write_checkpoint(folder: Path, weights: bytes) -> None:
+    (folder / "ds_state").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "ds_state" / "rank0.pt").write_bytes(b"optim")
+    (folder / run_store.FOLDER_MARKER).write_text('{"checkpoint_id": "%s"}' % weights.decode())
+
+
+def test_folder_upload_puts_the_marker_last_and_clears_leftovers(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = run_store.join(root, "checkpoints", "step-0001")
+    run_store.write_text(run_store.join(uri, "stale-from-killed-attempt.bin"), "x")
+    uploaded: list[str] = []
+    real_upload = run_store.upload_file
+    monkeypatch.setattr(run_store, "upload_file", lambda local, u: (uploaded.append(u), real_upload(local, u)))
+    with run_store.output(uri, folder=True) as local:
+        _write_checkpoint(local, b"w1")
+    assert uploaded[-1] == run_store.join(uri, run_store.FOLDER_MARKER)
+    assert sorted(uploaded) == sorted(run_store.join(uri, n) for n in
+                                      ("model.safetensors", "ds_state/rank0.pt", run_store.FOLDER_MARKER))
+    assert not run_store.exists(run_store.join(uri, "stale-from-killed-attempt.bin"))
+
+
+def test_fetch_downloads_a_checkpoint_once_per_marker(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = run_store.join(root, "checkpoints", "step-0001")
+    with run_store.output(uri, folder=True) as local:
+        _write_checkpoint(local, b"w1")
+    downloads: list[str] = []
+    real = run_store._download_folder
+    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloads.append(u), real(u, l, k)))
+    mirror = run_store.local_path(uri)
+    assert run_store.fetch(uri) == mirror and downloads == []  # the writer's mirror copy is current
+    other = Path(str(run_store.mirror_root()) + "-other-node")
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(other))  # another node: an empty mirror
+    fetched = run_store.fetch(uri)
+    assert fetched.is_relative_to(other) and len(downloads) == 1
+    assert (fetched / "model.safetensors").read_bytes() == b"w1" and (fetched / "ds_state" / "rank0.pt").is_file()
+    run_store.fetch(uri)
+    assert len(downloads) == 1  # same marker: no second download
+    run_store.write_text(run_store.join(uri, "model.safetensors"), "w2")
+    run_store.write_text(run_store.join(uri, run_store.FOLDER_MARKER), '{"checkpoint_id": "w2"}')
+    assert (run_store.fetch(uri) / "model.safetensors").read_bytes() == b"w2" and len(downloads) == 2
+
+
+def test_fetch_names_what_is_missing(root: str) -> None:
+    with pytest.raises(FileNotFoundError, match="checkpoints/step-0009"):
+        run_store.fetch(run_store.join(root, "checkpoints", "step-0009"))
+
+
+def test_download_tree_can_skip_weights(root: str, tmp_path: Path) -> None:
+    uri = run_store.join(root, "checkpoints", "step-0001")
+    with run_store.output(uri, folder=True) as local:
+        _write_checkpoint(local, b"w1")
+    dest = run_store.download_tree(root, tmp_path / "records", exclude_suffixes=(".safetensors", ".pt"))
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
+        f"checkpoints/step-0001/{run_store.FOLDER_MARKER}"
+    ]
