@@ -34,6 +34,12 @@ def test_paths_and_uris_are_told_apart(tmp_path: Path, monkeypatch: pytest.Monke
     assert run_store.source_name(tmp_path / "s3" / "b" / "runs" / "x") == "s3://b/runs/x"
 
 
+def test_the_folder_marker_is_the_checkpoint_metadata_file() -> None:
+    from tasks import checkpoints
+
+    assert run_store.FOLDER_MARKER == checkpoints.METADATA_FILE
+
+
 def test_local_paths_pass_through(tmp_path: Path) -> None:
     target = tmp_path / "a" / "x.txt"
     with run_store.output(str(target)) as local:
