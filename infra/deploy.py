@@ -288,7 +288,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=1024,
                         help="longest prompt assumed by the sizing (default: %(default)s)")
-    parser.add_argument("--run-store-pvc", default="", help="ReadWriteMany PVC holding the run store, mounted in every pod")
+    parser.add_argument("--run-store-pvc", default="", help="ReadWriteMany PVC holding the run store, mounted in every pod "
+                        "(leave out for an object-store run store: run_dir s3://..., see docs/CLUSTER.md)")
     parser.add_argument("--run-store-mount", default="/runs", help="where the run store is mounted (default: %(default)s)")
     parser.add_argument("--sizing", action="store_true", help="print the sizing tables (docs/CLUSTER.md) and exit")
     parser.add_argument("--sizing-out", help="with --sizing: also write the tables to this file")

@@ -17,10 +17,12 @@ rebuilds the same task types):
 - ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
   plan (``DAPO_CLUSTER_PLAN``, JSON written by ``infra.deploy``: engines, tensor parallel, GPUs
   per node); the Ray cluster is kept between calls with a reuse policy, so engines stay warm
-  across steps and take new weights by reload (tasks/vllm_engine.py). Training gets one node's
-  GPUs; its own ``torchrun --standalone`` (tasks/train.py) starts one rank per GPU. When the plan
-  names a ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount``:
-  the run store is a POSIX path shared by all stages (docs/CLUSTER.md).
+  across steps and take new weights by reload (tasks/vllm_engine.py). Training is a PyTorch
+  Elastic job (flyteplugins-pytorch) of ``train_nodes`` x ``train_nproc_per_node`` ranks, each
+  running the task body as a DeepSpeed rank (tasks/train_rank.py). When the plan names a
+  ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount`` and the run
+  store is a POSIX path shared by all stages; otherwise run folders live in an object store
+  (``run_dir`` = ``s3://...``, tasks/run_store.py). See docs/CLUSTER.md.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ _DEFAULT_PLAN: dict[str, Any] = {
     "train_nodes": 1,  # > 1: a Kubeflow PyTorchJob (PyTorch Elastic) across that many GPU nodes
     "node_cpu": "64",  # CPU and memory requested by each GPU node's pod
     "node_memory": "900Gi",
-    "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none)
+    "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none: object store)
     "run_store_mount": "/runs",
     "rollout_idle_ttl_s": 1800,  # keep the Ray cluster (and its warm engines) this long between steps
 }
