@@ -63,37 +63,40 @@ def _store_contents(root: str, env: dict[str, str]) -> dict[str, dict[str, int]]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="local/S3 pairs, alternating (the first run pays warm-ups)")
     args = parser.parse_args()
     if not s3_server.available():
         sys.exit("moto is not installed (requirements-test.txt)")
     base_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    results: dict = {"steps": args.steps, "python": platform.python_version(), "load_before": os.getloadavg()[0]}
-    with tempfile.TemporaryDirectory() as tmp:
-        local_s = _run(str(Path(tmp) / "runs"), args.steps, base_env)
-        local = json.loads((Path(tmp) / "runs" / "bench" / "summary.json").read_text())
-        server = s3_server.start()
-        try:
-            env = {**base_env, **server.env, "DAPO_MIRROR_DIR": str(Path(tmp) / "mirror")}
-            s3_s = _run("s3://dapo-test/runs", args.steps, env)
-            remote = _summary("s3://dapo-test/runs", env)
-            contents = _store_contents("s3://dapo-test/runs/bench", env)
-        finally:
-            server.stop()
-    results.update(
-        local={"wall_s": round(local_s, 1), "step_s": local["step_seconds"], "accuracy_after": local["accuracy_after"]},
-        s3={"wall_s": round(s3_s, 1), "step_s": remote["step_seconds"], "accuracy_after": remote["accuracy_after"]},
-        store=contents,
-        load_after=os.getloadavg()[0],
-    )
+    results: dict = {"steps": args.steps, "python": platform.python_version(), "load_before": os.getloadavg()[0],
+                     "runs": []}
+    server = s3_server.start()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for repeat in range(args.repeats):
+                local_root = str(Path(tmp) / f"runs-{repeat}")
+                seconds = _run(local_root, args.steps, base_env)
+                summary = json.loads((Path(local_root) / "bench" / "summary.json").read_text())
+                results["runs"].append({"root": "local", "wall_s": round(seconds, 1), "step_s": summary["step_seconds"],
+                                        "accuracy_after": summary["accuracy_after"]})
+                env = {**base_env, **server.env, "DAPO_MIRROR_DIR": str(Path(tmp) / f"mirror-{repeat}")}
+                s3_root = f"s3://dapo-test/runs-{repeat}"
+                seconds = _run(s3_root, args.steps, env)
+                summary = _summary(s3_root, env)
+                results["runs"].append({"root": "s3", "wall_s": round(seconds, 1), "step_s": summary["step_seconds"],
+                                        "accuracy_after": summary["accuracy_after"]})
+                results["store"] = _store_contents(f"{s3_root}/bench", env)
+    finally:
+        server.stop()
+    results["load_after"] = os.getloadavg()[0]
     print(f"tiny pipeline, {args.steps} steps (load {results['load_before']:.2f} -> {results['load_after']:.2f})")
     print("| run root | wall s | step s (each) | held-out avg@k after |")
     print("|---|---:|---|---:|")
-    for name in ("local", "s3"):
-        r = results[name]
-        print(f"| {name} | {r['wall_s']} | {', '.join(f'{s:.1f}' for s in r['step_s'])} | {r['accuracy_after']:.3f} |")
-    print("\n| in the store | objects | MB |")
+    for r in results["runs"]:
+        print(f"| {r['root']} | {r['wall_s']} | {', '.join(f'{s:.1f}' for s in r['step_s'])} | {r['accuracy_after']:.3f} |")
+    print("\n| in the store (one run) | objects | MB |")
     print("|---|---:|---:|")
-    for kind, entry in sorted(contents.items()):
+    for kind, entry in sorted(results["store"].items()):
         print(f"| {kind} | {entry['objects']} | {entry['bytes'] / 1e6:.2f} |")
     out = REPO / "benchmarks" / "results" / "run_store.json"
     out.write_text(json.dumps(results, indent=2) + "\n")
