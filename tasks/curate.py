@@ -299,11 +299,13 @@ def run_cli(args: argparse.Namespace) -> int:
             import flyte
 
             flyte.init()
-            run = flyte.run(curate, inputs=list(args.inputs), out_dir=str(Path(args.out).resolve()), config=config)
+            out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
+            run = flyte.run(curate, inputs=list(args.inputs), out_dir=out_dir, config=config)
             outputs = run.outputs()
             report = outputs if isinstance(outputs, CurateReport) else outputs[0]
         else:
-            report = curate_sources(args.inputs, args.out, config)
+            with run_store.output(args.out, folder=True) as local:  # a path, or an object-store URI
+                report = curate_sources(args.inputs, local, config)
     except (CurationError, ValueError) as err:
         print(f"dapo curate: error: {err}", file=sys.stderr)
         return 1

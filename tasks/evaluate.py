@@ -14,7 +14,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import schemas
@@ -169,8 +168,9 @@ def run_cli(args: argparse.Namespace) -> int:
         # Raw inputs get the run's own prompt template, the one its policy was trained on.
         config = dataclasses.replace(config, prompt_template=stage_config("curate", args.config).prompt_template)
     engine_config = stage_config("rollout", args.config) if args.config else RolloutConfig()
-    paths = list(args.problems)
-    summary = evaluate_checkpoint(args.checkpoint, paths, args.out, args.step, config, engine_config)
+    with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
+        summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
+                                      config, engine_config)
     print(json.dumps(summary, indent=2, sort_keys=True))
-    print(f"wrote {Path(args.out)}")
+    print(f"wrote {args.out}")
     return 0

@@ -418,20 +418,23 @@ def run_cli(args: argparse.Namespace) -> int:
 
     try:
         config = stage_config("rollout", args.config, args.set)
-        paths = [str(p) for p in schemas.shard_paths(args.problems if len(args.problems) > 1 else args.problems[0])]
+        problems = run_store.fetch_all(args.problems)  # paths or URIs (files or folders)
+        paths = [str(p) for p in schemas.shard_paths(problems if len(problems) > 1 else problems[0])]
         ids = args.ids
         if args.limit:
             ids = (ids or load_problems_ids(paths))[: args.limit]
-        version = args.policy_version if args.policy_version is not None else checkpoints.read_info(args.checkpoint).step
-        out = rollout_shard(
-            args.checkpoint, paths, ids, args.out, config,
-            seed=args.seed, policy_version=version, generation_round=args.round, engines=args.engines,
-        )
+        version = (args.policy_version if args.policy_version is not None
+                   else checkpoints.read_info(run_store.fetch(args.checkpoint)).step)
+        with run_store.output(args.out) as local_out, run_store.output(manifest_path(args.out)):
+            rollout_shard(
+                args.checkpoint, paths, ids, local_out, config,
+                seed=args.seed, policy_version=version, generation_round=args.round, engines=args.engines,
+            )
     except (RolloutError, ConfigError, checkpoints.CheckpointError, schemas.ShardValidationError, FileNotFoundError,
             ValueError) as err:
         print(f"dapo rollout: error: {err}", file=sys.stderr)
         return 1
-    print(Path(str(out) + ".manifest.json").read_text())
+    print(Path(manifest_path(local_out)).read_text())
     return 0
 
 

@@ -16,7 +16,6 @@ import json
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import torch
@@ -234,9 +233,11 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.config import stage_config
 
     config = stage_config("score", args.config, args.set)
-    stats = score_shards(
-        args.rollouts, args.problems, args.out, max_response_tokens=args.max_response_tokens, config=config
-    )
+    with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
+        stats = score_shards(
+            run_store.fetch_all(args.rollouts), run_store.fetch_all(args.problems), str(local),
+            max_response_tokens=args.max_response_tokens, config=config,
+        )
     print(json.dumps(asdict(stats), indent=2, sort_keys=True))
-    print(f"wrote {Path(args.out)}")
+    print(f"wrote {args.out}")
     return 0

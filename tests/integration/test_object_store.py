@@ -111,3 +111,15 @@ def test_lineage_reads_the_run_from_the_store(store: RunLayout, s3_run: dict) ->
     assert traced["reward"]["scored_shard"].startswith(store.root + "/steps/step-0001/scored/")
     chain = json.loads(_dapo(["lineage", store.root, "--checkpoint", "1"], s3_run["env"]).stdout)["ancestry"]
     assert [c["folder"] for c in chain] == [store.checkpoint(1), store.checkpoint(0)]
+
+
+def test_a_stage_reruns_alone_against_the_store(store: RunLayout, s3_run: dict) -> None:
+    # `dapo score` on the run's S3 shards, into S3: the same table the pipeline's score task wrote.
+    config = json.loads(run_store.read_text(store.run_record))["config"]
+    out = f"s3://dapo-test/rerun-{uuid.uuid4().hex[:8]}/scored.parquet"
+    _dapo(["score", store.rollout_shard(1, 0), "--problems", *run_store.glob(store.problems_dir, "train-*.parquet"),
+           "--out", out, "--max-response-tokens", str(config["rollout"]["max_response_tokens"]),
+           "--config", str(REPO / "configs" / "tiny-cpu.yaml")], s3_run["env"])
+    again = schemas.read_shard(run_store.fetch(out), schemas.ScoredRollout)
+    stored = schemas.read_shard(run_store.fetch(store.scored_shard(1, 0)), schemas.ScoredRollout)
+    assert again.num_rows > 0 and again.equals(stored)
