@@ -240,9 +240,7 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
     )
     if report.kept + report.rejected != report.input_rows:  # every row must be accounted for
         raise AssertionError(f"curation lost rows: {report.kept} + {report.rejected} != {report.input_rows}")
-    tmp = out / f".{REPORT_NAME}.tmp"
-    tmp.write_text(json.dumps(asdict(report), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out / REPORT_NAME)
+    run_store.write_text(out / REPORT_NAME, json.dumps(asdict(report), indent=2, sort_keys=True) + "\n")
     return report
 
 

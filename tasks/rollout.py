@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -331,10 +330,7 @@ def write_rollout_shard(rows: list[dict[str, Any]], manifest: dict[str, Any], ou
     out_path = Path(out_path)
     table = schemas.arrow_schema(schemas.Rollout).empty_table() if not rows else rows
     schemas.write_shard(table, out_path, schemas.Rollout)
-    manifest_file = Path(manifest_path(out_path))
-    tmp = manifest_file.with_name(f".{manifest_file.name}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, manifest_file)
+    run_store.write_text(manifest_path(out_path), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out_path
 
 

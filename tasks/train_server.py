@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.run_store import write_text
 from tasks.train_worker import ack_path, error_prefix, process_start_ticks, request_path, result_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +99,8 @@ class WorkerGroup:
             raise GroupUnavailable(f"the warm worker group exited with {self.proc.returncode} while idle")
         n = self.next_request
         self.next_request += 1
-        _write_atomic(request_path(self.serve_dir, n), {"op": "run", "spec": spec,
-                                                        "continue_in_memory": continue_in_memory})
+        write_text(request_path(self.serve_dir, n),
+                   json.dumps({"op": "run", "spec": spec, "continue_in_memory": continue_in_memory}))
         t0 = time.perf_counter()
         # Until every rank acknowledged, silence means a hung group (or, for a new group, one still
         # starting: that wait counts against the step's own time limit, as a cold launch's does).
@@ -140,7 +141,7 @@ class WorkerGroup:
             return  # a forked child inherited this object: the group is not its to stop
         if self.alive:
             try:
-                _write_atomic(request_path(self.serve_dir, self.next_request), {"op": "stop"})
+                write_text(request_path(self.serve_dir, self.next_request), json.dumps({"op": "stop"}))
                 self.next_request += 1
             except OSError:
                 pass
@@ -200,12 +201,6 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
             except ProcessLookupError:
                 pass
     proc.wait()
-
-
-def _write_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
 
 
 def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:

@@ -66,6 +66,7 @@ from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
 from tasks import train_batch as tb
+from tasks.run_store import write_text
 
 DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
 DS_META_FILE = "dapo_ds_meta.json"  # how the DeepSpeed state was laid out (world size, stage)
@@ -521,14 +522,8 @@ def _run_request(runner: _StepRunner, spec: WorkerSpec, load_s: float,
         results[-1]["timings"]["save_export_s"] = sum(save_timings.values())
         for r in results:
             r.update(extra or {})
-        _write_json_atomic(Path(spec.metrics_path), results)
+        write_text(spec.metrics_path, json.dumps(results, indent=2))
     return results
-
-
-def _write_json_atomic(path: Path, payload: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2))
-    os.replace(tmp, path)
 
 
 def _init_process() -> int:

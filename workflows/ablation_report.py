@@ -22,6 +22,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tasks.run_store import write_text  # noqa: E402
+
 
 def _mean(values: list[float | None]) -> float | None:
     finite = [v for v in values if v is not None and math.isfinite(v)]
@@ -137,21 +139,15 @@ def write_curves(table: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_ablation(root: Path, results: list[dict[str, Any]], *, base: Any, seconds: float) -> tuple[list[dict[str, Any]], str]:
     """Write ``ablation.json``, ``ablation.md``, ``curves.png`` and ``index.html`` into ``root``.
 
     Returns the table and the HTML page with the curves inlined (for the Flyte report).
     """
     table = [rung_row(r) for r in results]
-    _write_text(root / "ablation.json", json.dumps(table, indent=2) + "\n")
+    write_text(root / "ablation.json", json.dumps(table, indent=2) + "\n")
     text = format_table(table)
-    _write_text(root / "ablation.md", f"# Ablation ladder ({base.source})\n\n{text}\n\nWall time: {seconds:.0f} s.\n")
+    write_text(root / "ablation.md", f"# Ablation ladder ({base.source})\n\n{text}\n\nWall time: {seconds:.0f} s.\n")
     curves = write_curves(table, root / "curves.png")
     image = base64.b64encode(curves.read_bytes()).decode()
     page = (
@@ -159,5 +155,5 @@ def write_ablation(root: Path, results: list[dict[str, Any]], *, base: Any, seco
         f"<h1>DAPO ablation ladder</h1><pre>{html.escape(text)}</pre>"
         f"<img src='data:image/png;base64,{image}' alt='curves'></body></html>"
     )
-    _write_text(root / "index.html", page)
+    write_text(root / "index.html", page)
     return table, page

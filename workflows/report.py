@@ -20,6 +20,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tasks.run_store import write_text  # noqa: E402
+
 _PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
     # (file stem, title, [(metrics column, label), ...])
     ("reward", "Reward and training accuracy", [("reward_mean", "reward mean"), ("accuracy", "accuracy")]),
@@ -153,7 +155,5 @@ def write_report(
     plot_files = write_plots(metrics, evals, out_dir)
     common = dict(title=title, summary=summary, metrics=metrics, evals=evals, samples=samples, plot_files=plot_files)
     target = out_dir / "index.html"
-    tmp = out_dir / ".index.html.tmp"
-    tmp.write_text(render_html(**common), encoding="utf-8")
-    tmp.replace(target)
+    write_text(target, render_html(**common))
     return target, render_html(**common, inline_images=True)
