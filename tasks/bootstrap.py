@@ -250,7 +250,7 @@ def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, confi
     """
     if not run_store.is_remote(out_dir):
         return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
-    if not run_store.exists(run_store.join(out_dir, checkpoints.METADATA_FILE)):  # else published already
+    if not checkpoints.is_complete(out_dir):  # else published already
         source = config.source if config.source == "tiny" else str(run_store.fetch(config.source))
         with run_store.output(out_dir, folder=True) as local:
             bootstrap_policy(local, dataclasses.replace(config, source=source, link_import=False),

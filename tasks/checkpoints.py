@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks import run_store
+
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
 
@@ -58,7 +60,10 @@ def make_checkpoint_id(produced_by: str, step: int, folder: str | Path) -> str:
 
 
 def is_complete(folder: str | Path) -> bool:
-    """True when ``folder`` is a published checkpoint (its metadata file exists)."""
+    """True when ``folder`` (a path, or an object-store URI) is a published checkpoint: its
+    metadata file exists (uploaded last: tasks/run_store.py)."""
+    if run_store.is_remote(folder):
+        return run_store.exists(run_store.join(folder, METADATA_FILE))
     return (Path(folder) / METADATA_FILE).is_file()
 
 

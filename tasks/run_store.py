@@ -60,7 +60,7 @@ def is_remote(path: str | os.PathLike[str]) -> bool:
 def join(root: str | os.PathLike[str], *parts: str) -> str:
     """``root/part/...`` for a path or a URI (never collapses ``s3://`` the way pathlib does)."""
     if not is_remote(root):
-        return str(Path(root, *parts))
+        return str(Path(_strip_file(root), *parts))
     return "/".join([str(root).rstrip("/"), *(p.strip("/") for p in parts if p)])
 
 

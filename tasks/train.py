@@ -290,6 +290,13 @@ def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepRe
     return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
 
 
+def published_result(out_dir: str, *, step: int, parent_id: str) -> TrainStepResult:
+    """``_finished_result`` of the checkpoint published at ``out_dir`` (a path or a URI, fetched
+    into the mirror), named as given."""
+    done = _finished_result(run_store.fetch(out_dir), step=step, parent_id=parent_id)
+    return dataclasses.replace(done, checkpoint_dir=str(out_dir))
+
+
 def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: TrainConfig) -> list[dict[str, Any]]:
     """Validate every step's batch before any process starts (bad input fails fast and clearly);
     returns ``[{"step", "shards"}]`` for the worker spec and the lineage."""
@@ -469,13 +476,11 @@ def train_step_in_store(
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
         return train_step(parent_local, shards, out_dir, step=step, config=config)
-    if run_store.exists(run_store.join(out_dir, checkpoints.METADATA_FILE)):
+    if checkpoints.is_complete(out_dir):
         # Uploaded before the task's result was recorded (killed in between): reuse it.
-        parent = checkpoints.read_info(parent_local)
-        result = _finished_result(run_store.fetch(out_dir), step=step, parent_id=parent.checkpoint_id)
-    else:
-        with run_store.output(out_dir, folder=True) as local:
-            result = train_step(parent_local, shards, local, step=step, config=config)
+        return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
+    with run_store.output(out_dir, folder=True) as local:
+        result = train_step(parent_local, shards, local, step=step, config=config)
     return dataclasses.replace(result, checkpoint_dir=out_dir)
 
 

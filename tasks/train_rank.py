@@ -32,7 +32,7 @@ from tasks.train import (
     TrainStepError,
     TrainStepResult,
     _check_batches,
-    _finished_result,
+    published_result,
     _publish_step,
     _worker_spec,
 )
@@ -80,11 +80,8 @@ def train_step_as_rank(
     checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir), run_store.local_path(out_uri)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
-    if run_store.exists(run_store.join(out_uri, checkpoints.METADATA_FILE)):
-        if rank != 0:
-            return None
-        done = _finished_result(run_store.fetch(out_uri), step=step, parent_id=parent.checkpoint_id)
-        return dataclasses.replace(done, checkpoint_dir=out_uri)
+    if checkpoints.is_complete(out_uri):
+        return published_result(out_uri, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
     batches_meta = _check_batches([(step, list(scored_shards))], config)
     resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)

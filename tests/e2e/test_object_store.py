@@ -123,3 +123,17 @@ def test_a_stage_reruns_alone_against_the_store(store: RunLayout, s3_run: dict) 
     again = schemas.read_shard(run_store.fetch(out), schemas.ScoredRollout)
     stored = schemas.read_shard(run_store.fetch(store.scored_shard(1, 0)), schemas.ScoredRollout)
     assert again.num_rows > 0 and again.equals(stored)
+
+
+def test_a_step_already_published_in_the_store_is_reused(store: RunLayout) -> None:
+    # Killed after the upload but before Flyte recorded the result: the retry must return the
+    # published checkpoint, not train again (training is not bit-reproducible across launches).
+    from tasks.train import train_step_in_store
+    from workflows.config import config_from_dict
+
+    cfg = config_from_dict(json.loads(run_store.read_text(store.run_record))["config"], source="run.json")
+    result = train_step_in_store(store.checkpoint(0), [store.batch_shard(1)], store.checkpoint(1), step=1,
+                                 config=cfg.train)
+    assert result.checkpoint_dir == store.checkpoint(1)
+    assert result.checkpoint_id == checkpoints.read_info(run_store.fetch(store.checkpoint(1))).checkpoint_id
+    assert result.worker_metrics == []  # nothing was trained
