@@ -10,9 +10,10 @@ groups. This module holds the pure pieces:
   groups beyond the target as surplus for the next step (instead of throwing away paid-for
   generations), counts rounds and stops at ``max_rounds`` with an explicit outcome.
 
-Note on carried surplus: those groups were sampled by the previous step's policy, so they are one
-step more off-policy than the rest of the batch; the importance ratio in the loss uses their own
-recorded ``old_log_probs``, which keeps the update correct, only slightly staler.
+Note on carried surplus: those groups were sampled by an earlier step's policy, so they are more
+off-policy than the rest of the batch. The driver records each kept group's policy lag (steps
+between generation and training, workflows/step_loop.py); surplus is always smaller than one
+round, so the lag is at most ``1 + (prompts_per_round - 2) // target_groups`` steps.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "DynamicSamplingResult",
     "RoundReport",
     "group_filter_reason",
+    "group_key",
     "group_filter_reasons",
 ]
 
@@ -101,6 +103,15 @@ def group_filter_reason(
     return group_filter_reasons(correct.unsqueeze(0), None if rewards is None else rewards.unsqueeze(0), by=by)[0]
 
 
+def group_key(problem_id: str, checkpoint_id: str, generation_round: int) -> str:
+    """The id of a group: the G samples of one problem from one round of one checkpoint.
+
+    Unique within a step (a step never draws a problem twice, workflows/problem_order.py) and
+    across carried surplus (an earlier step's groups come from an earlier checkpoint).
+    """
+    return f"{problem_id}|{checkpoint_id}|{generation_round}"
+
+
 class DynamicSamplingExhaustedError(RuntimeError):
     """Raised when ``max_rounds`` generation rounds did not yield ``target_groups`` informative groups."""
 
@@ -124,7 +135,9 @@ class DynamicSamplingResult:
     surplus (| zero_reward_std), the ``filter_reason`` shard column.
     """
 
-    outcome: Literal["full", "partial"]  # partial only with on_max_rounds="train_on_partial"
+    # "partial": fewer than target_groups, "skipped": none at all (both only with
+    # on_max_rounds="train_on_partial"; a skipped step trains nothing and keeps the policy)
+    outcome: Literal["full", "partial", "skipped"]
     target_groups: int
     rounds: int  # generation rounds used (0 when carried surplus alone filled the batch)
     kept: list[tuple[str, object]]
@@ -245,7 +258,7 @@ class DynamicSamplingAccumulator:
         final.update({gid: REASON_KEPT for gid, _ in kept})
         final.update({gid: REASON_SURPLUS for gid, _ in surplus})
         return DynamicSamplingResult(
-            outcome="full" if self.is_full else "partial",
+            outcome="full" if self.is_full else ("partial" if kept else "skipped"),
             target_groups=self.target_groups,
             rounds=self.rounds,
             kept=kept,

@@ -24,7 +24,7 @@ import schemas
 from dapo_core.advantages import group_advantages
 from dapo_core.overlong import soft_overlong_penalty
 from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
-from dapo_core.sampling import REASON_KEPT, group_filter_reason
+from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
 from infra.environments import cpu_env, stage_cache
 from tasks import run_store
 
@@ -59,11 +59,6 @@ class ScoreStats:
     verdict_errors: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
-
-
-def group_key(problem_id: str, checkpoint_id: str, generation_round: int) -> str:
-    """The id of a group: the G samples of one problem from one round of one checkpoint."""
-    return f"{problem_id}|{checkpoint_id}|{generation_round}"
 
 
 def group_keys_of(table: pa.Table) -> list[str]:

@@ -245,6 +245,9 @@ def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dic
         "masked_samples": int(worker["masked_samples"]),
         **{k: math.nan for k in _UNKNOWN_FLOATS},
         "generation_rounds": 0,
+        "trained_groups": 0,
+        "carried_groups": 0,
+        "max_policy_lag_steps": 0,
         "verdict_timeouts": 0,
         "verdict_errors": 0,
         "time_train_s": time_train_s,
@@ -259,7 +262,7 @@ def _write_metrics(row: dict[str, Any], path: Path) -> None:
 
     write_shard = getattr(schemas, "write_shard", None)
     model = getattr(schemas, "StepMetrics", None)
-    int32 = {"step", "generation_rounds"}
+    int32 = {"step", "generation_rounds", "trained_groups", "carried_groups", "max_policy_lag_steps"}
     arrays = {k: pa.array([v], type=pa.int32() if k in int32 else None) for k, v in row.items()}
     table = pa.table(arrays)
     if write_shard is not None and model is not None:

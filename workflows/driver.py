@@ -18,7 +18,6 @@ import flyte.report
 import pyarrow.compute as pc
 
 import schemas
-from dapo_core.sampling import DynamicSamplingAccumulator
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
 from tasks import checkpoints, run_store
@@ -29,10 +28,11 @@ from tasks.rollout import rollout
 from tasks.score import group_keys_of, score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
-from workflows.problem_order import draw_problems
+from workflows.problem_order import check_pool_size
 from workflows.report import nan_to_none, write_report
 from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
+from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
@@ -40,13 +40,15 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
     run_store.write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _round_groups(scored_path: str) -> list[tuple[str, str, object]]:
-    """``(group_key, reason, payload)`` per group of a scored round, in first-row order."""
+def _round_groups(scored_path: str, step: int) -> list[tuple[str, str, GroupRef]]:
+    """``(group_key, reason, ref)`` per group of a scored round, in first-row order."""
     table = schemas.read_shard(run_store.fetch(scored_path), schemas.ScoredRollout)
-    seen: dict[str, str] = {}
-    for key, reason in zip(group_keys_of(table), table.column("filter_reason").to_pylist()):
-        seen.setdefault(key, reason)
-    return [(key, reason, scored_path) for key, reason in seen.items()]
+    seen: dict[str, tuple[str, str]] = {}
+    keys = group_keys_of(table)
+    for key, reason, pid in zip(keys, table.column("filter_reason").to_pylist(), table.column("problem_id").to_pylist()):
+        seen.setdefault(key, (reason, pid))
+    return [(key, reason, GroupRef(problem_id=pid, source=scored_path, generated_step=step))
+            for key, (reason, pid) in seen.items()]
 
 
 def _problem_ids(paths: list[str]) -> list[str]:
@@ -69,33 +71,43 @@ async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_pat
     return {"step": step, **json.loads(text)}
 
 
-def _step_row(
-    trained: dict[str, Any],
-    batch: Any,
-    round_stats: list[dict[str, Any]],
-    rounds: int,
-    rollout_s: float,
-    score_s: float,
-    train_s: float,
-) -> dict[str, Any]:
-    """The StepMetrics row: the train task's columns plus what rollout and scoring measured."""
+def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
+    """The train columns of a step that found no informative group: nothing trained, policy kept."""
+    meta = run_store.fetch(run_store.join(checkpoint, checkpoints.METADATA_FILE))
+    ckpt_id = checkpoints.read_info(meta.parent).checkpoint_id
+    nan = math.nan
+    return {"step": step, "checkpoint_id": ckpt_id, "parent_checkpoint_id": ckpt_id, "loss": nan, "entropy": nan,
+            "clip_frac_low": nan, "clip_frac_high": nan, "dual_clip_frac": nan, "approx_kl": nan, "grad_norm": nan,
+            "lr": nan, "tokens": 0, "samples": 0, "masked_samples": 0}
+
+
+def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: float) -> dict[str, Any]:
+    """The StepMetrics row: the train task's columns plus what rollout, scoring and sampling measured."""
+    round_stats = plan.round_stats
     samples = sum(s["samples"] for s in round_stats)
 
     def generated_mean(key: str) -> float:
         # Over everything generated this step; NaN when carried surplus alone filled the batch.
         return sum(s[key] * s["samples"] for s in round_stats) / samples if samples else math.nan
 
+    def batch_mean(column: str) -> float:
+        return math.nan if batch is None else float(pc.mean(batch.column(column)).as_py())
+
+    lags = plan.policy_lags()
     row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
     row.update(
-        reward_mean=float(pc.mean(batch.column("reward")).as_py()),
+        reward_mean=batch_mean("reward"),
         accuracy=generated_mean("accuracy"),
-        response_length_mean=float(pc.mean(batch.column("response_length")).as_py()),
+        response_length_mean=batch_mean("response_length"),
         truncation_ratio=generated_mean("truncation_ratio"),
-        generation_rounds=rounds,
+        generation_rounds=plan.result.rounds,
+        trained_groups=len(plan.result.kept),
+        carried_groups=plan.carried_groups(),
+        max_policy_lag_steps=max(lags, default=0),
         verdict_timeouts=sum(s["verdict_timeouts"] for s in round_stats),
         verdict_errors=sum(s["verdict_errors"] for s in round_stats),
-        time_rollout_s=rollout_s,
-        time_score_s=score_s,
+        time_rollout_s=sum(s["time_rollout_s"] for s in round_stats),
+        time_score_s=sum(s["time_score_s"] for s in round_stats),
         time_train_s=train_s,
     )
     return row
@@ -112,6 +124,9 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
             f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
             "give curate.test_fraction > 0 or inputs marked @train/@test"
         )
+    # Before the step-0 policy is built: a pool too small for one step is a config error.
+    check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
+                    prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)
     checkpoint = await bootstrap.aio(train_paths, test_paths, str(layout.checkpoint(0)), cfg.bootstrap)
     return {
         "checkpoint": checkpoint,
@@ -150,81 +165,92 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
     return json.dumps(summary, sort_keys=True)
 
 
+class _PipelineStages:
+    """The loop's stages as cached Flyte tasks writing into the run folder (workflows/step_loop.py)."""
+
+    def __init__(self, cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any]) -> None:
+        self.cfg, self.layout = cfg, layout
+        self.train_paths, self.test_paths = prepared["train_paths"], prepared["test_paths"]
+        self.checkpoint: str = prepared["checkpoint"]
+        self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
+        self.evals: list[dict[str, Any]] = [prepared["eval0"]]
+        self.metrics_rows: list[dict[str, Any]] = []
+        self.step_seconds: list[float] = []
+        self._step_started = time.perf_counter()
+
+    async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
+        cfg, layout = self.cfg, self.layout
+        rollout_path = str(layout.rollout_shard(step, generation_round))
+        t = time.perf_counter()
+        await rollout.aio(
+            self.checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
+            derive_seed(cfg.run.seed, "rollout", step, generation_round), self.policy_step, generation_round,
+        )
+        rollout_s = time.perf_counter() - t
+        scored_path = str(layout.scored_shard(step, generation_round))
+        t = time.perf_counter()
+        stats = json.loads(
+            await score.aio([rollout_path], self.train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score)
+        )
+        stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
+        return GeneratedRound(groups=_round_groups(scored_path, step), stats=stats)
+
+    async def train(self, plan: StepPlan) -> None:
+        cfg, layout, step = self.cfg, self.layout, plan.step
+        result = plan.result
+        t = time.perf_counter()
+        if plan.skipped:
+            trained = _skipped_step(step, self.checkpoint)
+        else:
+            sources = sorted({ref.source for _, ref in [*result.kept, *result.surplus]})
+            await assemble_batch.aio(
+                sources, [g for g, _ in result.kept], [g for g, _ in result.surplus],
+                str(layout.batch_shard(step)), str(layout.surplus_shard(step)),
+            )
+            trained = json.loads(
+                await train.aio(self.checkpoint, [str(layout.batch_shard(step))], str(layout.checkpoint(step)), step, cfg.train)
+            )
+            self.checkpoint, self.policy_step = trained["checkpoint_dir"], step
+        train_s = time.perf_counter() - t
+        row = self._metrics_row(plan, trained, train_s)
+        self.metrics_rows.append(nan_to_none(row))
+        self.step_seconds.append(time.perf_counter() - self._step_started)
+        print(
+            f"[step {step}/{cfg.run.steps}] rounds={result.rounds} groups={len(result.kept)} ({result.outcome}) "
+            f"samples={row['samples']} acc={_fmt3(row['accuracy'])} reward={_fmt3(row['reward_mean'])} "
+            f"entropy={_fmt3(row['entropy'])} ({self.step_seconds[-1]:.1f} s)",
+            flush=True,
+        )
+        every = cfg.run.eval_every_steps
+        if every and step % every == 0 and step != cfg.run.steps:
+            self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
+        self._step_started = time.perf_counter()
+
+    def _metrics_row(self, plan: StepPlan, trained: dict[str, Any], train_s: float) -> dict[str, Any]:
+        path = self.layout.metrics_shard(plan.step)
+        if run_store.exists(path):
+            # Written when this step first finished; a re-run (all cache hits) must not replace
+            # its measured stage timings with the near-zero time of cache lookups.
+            return schemas.read_shard(run_store.fetch(path), schemas.StepMetrics).to_pylist()[0]
+        batch = None if plan.skipped else schemas.read_shard(run_store.fetch(self.layout.batch_shard(plan.step)), schemas.ScoredRollout)
+        row = _step_row(trained, batch, plan, train_s)
+        with run_store.output(path) as local:
+            schemas.write_shard([row], local, schemas.StepMetrics)
+        return row
+
+
 async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float) -> dict[str, Any]:
     """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
 
     Returns the summary, plus the report page inlined under ``_inline_report`` (for flyte.report).
     """
     drv = cfg.run
-    checkpoint, train_paths, test_paths = prepared["checkpoint"], prepared["train_paths"], prepared["test_paths"]
-    train_ids = _problem_ids(train_paths)
-    evals = [prepared["eval0"]]
-
-    cursor = 0
-    carried: list[tuple[str, object]] = []
-    metrics_rows: list[dict[str, Any]] = []
-    step_seconds: list[float] = []
-    for step in range(1, drv.steps + 1):
-        step_started = time.perf_counter()
-        acc = DynamicSamplingAccumulator(
-            target_groups=drv.prompts_per_step, max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds,
-            carried=carried,
-        )
-        scored_paths = sorted({str(p) for _, p in carried})
-        rollout_s = score_s = 0.0
-        round_stats: list[dict[str, Any]] = []
-        while acc.needs_more():
-            rnd = acc.rounds
-            ids = draw_problems(train_ids, seed=drv.seed, start=cursor, count=drv.prompts_per_round)
-            cursor += len(ids)
-            rollout_path = str(layout.rollout_shard(step, rnd))
-            t = time.perf_counter()
-            await rollout.aio(
-                checkpoint, train_paths, ids, rollout_path, cfg.rollout,
-                derive_seed(drv.seed, "rollout", step, rnd), step - 1, rnd,
-            )
-            rollout_s += time.perf_counter() - t
-            scored_path = str(layout.scored_shard(step, rnd))
-            t = time.perf_counter()
-            stats = json.loads(
-                await score.aio([rollout_path], train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score)
-            )
-            score_s += time.perf_counter() - t
-            round_stats.append(stats)
-            scored_paths.append(scored_path)
-            acc.add_round(_round_groups(scored_path))
-        result = acc.finish()
-        carried = list(result.surplus)
-        await assemble_batch.aio(
-            scored_paths, [g for g, _ in result.kept], [g for g, _ in result.surplus],
-            str(layout.batch_shard(step)), str(layout.surplus_shard(step)),
-        )
-        t = time.perf_counter()
-        trained = json.loads(
-            await train.aio(checkpoint, [str(layout.batch_shard(step))], str(layout.checkpoint(step)), step, cfg.train)
-        )
-        train_s = time.perf_counter() - t
-        checkpoint = trained["checkpoint_dir"]
-
-        batch = schemas.read_shard(run_store.fetch(layout.batch_shard(step)), schemas.ScoredRollout)
-        if run_store.exists(layout.metrics_shard(step)):
-            # Written when this step first finished; a re-run (all cache hits) must not replace
-            # its measured stage timings with the near-zero time of cache lookups.
-            row = schemas.read_shard(run_store.fetch(layout.metrics_shard(step)), schemas.StepMetrics).to_pylist()[0]
-        else:
-            row = _step_row(trained, batch, round_stats, result.rounds, rollout_s, score_s, train_s)
-            with run_store.output(layout.metrics_shard(step)) as local:
-                schemas.write_shard([row], local, schemas.StepMetrics)
-        metrics_rows.append(nan_to_none(row))
-        step_seconds.append(time.perf_counter() - step_started)
-        print(
-            f"[step {step}/{drv.steps}] rounds={result.rounds} batch={batch.num_rows} samples "
-            f"acc={_fmt3(row['accuracy'])} reward={_fmt3(row['reward_mean'])} entropy={_fmt3(row['entropy'])} "
-            f"({step_seconds[-1]:.1f} s)",
-            flush=True,
-        )
-        if drv.eval_every_steps and step % drv.eval_every_steps == 0 and step != drv.steps:
-            evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, step))
+    stages = _PipelineStages(cfg, layout, prepared)
+    settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
+                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
+    plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
+    checkpoint, test_paths, evals = stages.checkpoint, stages.test_paths, stages.evals
+    metrics_rows, step_seconds = stages.metrics_rows, stages.step_seconds
 
     if drv.steps > 0:
         evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, drv.steps))
@@ -247,7 +273,8 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         "wall_seconds": round(time.perf_counter() - started, 2),
         "step_seconds": [round(s, 2) for s in step_seconds],
     }
-    samples = _sample_responses(layout.batch_shard(drv.steps)) if drv.steps > 0 else []
+    trained_plans = [p for p in plans if not p.skipped]
+    samples = _sample_responses(layout.batch_shard(trained_plans[-1].step)) if trained_plans else []
     with run_store.output(layout.report_dir, folder=True) as report_dir:
         page, inline_page = write_report(
             report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples

@@ -1,0 +1,165 @@
+"""The driver's step loop (workflows/step_loop.py, the code a real run uses) over simulated stages.
+
+Every simulated run is checked step by step against what the loop promises: requests unique
+within a step and disjoint from the surplus carried into it; every batch exactly
+``prompts_per_step`` groups or the documented partial / skipped outcome; no group trained twice;
+carried groups' age bounded and recorded; every problem drawn once per epoch; and a run stopped
+at any stage and started again draws exactly what an uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dapo_core.sampling import DynamicSamplingExhaustedError
+from workflows.problem_order import PoolTooSmallError, problems_per_step_max
+from workflows.step_loop import LoopSettings, StepPlan
+from workflows.step_simulation import SimulatedCache, SimulatedStop, beta_solve_rates, simulate
+
+
+def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str]) -> None:
+    """Assert every promise of the loop over one run's plans (in step order)."""
+    carried_in: list[str] = []
+    trained: set[str] = set()
+    draws_of: dict[str, list[int]] = {}  # problem -> the epochs its draws served, in order
+    lag_bound = 1 + max(0, loop.prompts_per_round - 2) // loop.prompts_per_step
+    for plan in plans:
+        result = plan.result
+        drawn = [pid for ids in plan.requests for pid in ids]
+        live = carried_in + drawn
+        assert len(set(live)) == len(live), f"step {plan.step}: a problem twice in one step"
+        assert all(len(ids) == loop.prompts_per_round for ids in plan.requests)
+        for pid, epoch in zip(drawn, [e for epochs in plan.request_epochs for e in epochs]):
+            draws_of.setdefault(pid, []).append(epoch)
+        kept = [gid for gid, _ in result.kept]
+        if result.outcome == "full":
+            assert len(kept) == loop.prompts_per_step
+        else:
+            assert loop.on_max_rounds == "train_on_partial" and result.rounds == loop.max_rounds
+            assert (0 < len(kept) < loop.prompts_per_step) if result.outcome == "partial" else not kept
+        assert not trained & set(kept), f"step {plan.step}: a group trained twice"
+        trained |= set(kept)
+        lags = plan.policy_lags()
+        assert all(0 <= lag <= lag_bound for lag in lags), (plan.step, lags, lag_bound)
+        assert plan.carried_groups() == sum(1 for _, ref in result.kept if ref.generated_step < plan.step)
+        assert len(result.surplus) < max(loop.prompts_per_round, 1) or result.rounds == 0
+        carried_in = [ref.problem_id for _, ref in result.surplus]
+    # Each problem once per epoch: its i-th draw serves epoch i ...
+    for pid, epochs in draws_of.items():
+        assert epochs == list(range(len(epochs))), (pid, epochs)
+    # ... and an epoch is complete before the one after the next begins.
+    last = max((e for epochs in draws_of.values() for e in epochs), default=-1)
+    counts = [len(draws_of.get(pid, [])) for pid in pool]
+    assert min(counts) >= last - 1, (min(counts), last)
+
+
+def run_checked(loop: LoopSettings, rates: dict[str, float], group: int) -> tuple[list[StepPlan], SimulatedCache, object]:
+    cache = SimulatedCache()
+    try:
+        plans, stages = simulate(loop, rates, group, cache=cache)
+        error = None
+    except DynamicSamplingExhaustedError as err:  # the documented outcome under on_max_rounds: raise
+        error = err
+        plans = []
+        stages = None
+    return plans, cache, error
+
+
+@st.composite
+def loop_shapes(draw: st.DrawFn) -> tuple[LoopSettings, dict[str, float], int]:
+    per_step = draw(st.integers(1, 24))
+    per_round = draw(st.integers(1, 24))
+    max_rounds = draw(st.integers(1, 4))
+    need = problems_per_step_max(per_step, per_round, max_rounds)
+    pool_size = need + draw(st.integers(0, 3 * need))
+    loop = LoopSettings(
+        steps=draw(st.integers(1, 25)), prompts_per_step=per_step, prompts_per_round=per_round,
+        max_rounds=max_rounds, on_max_rounds=draw(st.sampled_from(["train_on_partial", "raise"])),
+        seed=draw(st.integers(0, 2**20)),
+    )
+    pool = [f"q{i:05d}" for i in range(pool_size)]
+    kind = draw(st.sampled_from(["beta", "all_solved", "all_failed", "mixed_extremes"]))
+    if kind == "beta":
+        rates = beta_solve_rates(pool, a=draw(st.floats(0.2, 3)), b=draw(st.floats(0.2, 3)), seed=loop.seed)
+    elif kind == "all_solved":
+        rates = dict.fromkeys(pool, 1.0)
+    elif kind == "all_failed":
+        rates = dict.fromkeys(pool, 0.0)
+    else:
+        rates = beta_solve_rates(pool, a=1, b=1, all_solved=0.4, all_failed=0.4, seed=loop.seed)
+    return loop, rates, draw(st.integers(2, 8))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=loop_shapes())
+def test_every_simulated_run_keeps_the_loop_promises(shape: tuple[LoopSettings, dict[str, float], int]) -> None:
+    loop, rates, group = shape
+    plans, _, error = run_checked(loop, rates, group)
+    if error is not None:
+        assert loop.on_max_rounds == "raise"
+        return
+    assert len(plans) == loop.steps
+    check_invariants(plans, loop, list(rates))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=loop_shapes(), data=st.data())
+def test_a_run_stopped_anywhere_resumes_into_the_same_draws(shape, data) -> None:
+    loop, rates, group = shape
+    if loop.on_max_rounds == "raise":
+        loop = LoopSettings(**{**loop.__dict__, "on_max_rounds": "train_on_partial"})
+    plans, reference = simulate(loop, rates, group)
+    # Kill it at one of the calls it made (a generate round or a train call), then start again.
+    calls = [("generate", s, r) for s, r, _ in reference.requests] + [("train", p.step, -1) for p in plans if not p.skipped]
+    stop_at = data.draw(st.sampled_from(calls))
+    cache = SimulatedCache()
+    with pytest.raises(SimulatedStop):
+        simulate(loop, rates, group, cache=cache, stop_at=stop_at)
+    resumed_plans, resumed = simulate(loop, rates, group, cache=cache)
+    assert resumed.requests == reference.requests
+    assert resumed.trained == reference.trained
+    assert resumed.checkpoint == reference.checkpoint
+    check_invariants(resumed_plans, loop, list(rates))
+
+
+def test_the_extremes_force_max_rounds_with_the_documented_outcomes() -> None:
+    pool = [f"q{i}" for i in range(200)]
+    partial = LoopSettings(steps=3, prompts_per_step=8, prompts_per_round=12, max_rounds=2,
+                           on_max_rounds="train_on_partial", seed=0)
+    plans, stages = simulate(partial, dict.fromkeys(pool, 1.0), 4)  # every group all-correct
+    assert [p.result.outcome for p in plans] == ["skipped"] * 3 and all(p.result.rounds == 2 for p in plans)
+    assert stages.checkpoint == "step-0000"  # nothing trained: the policy carries over
+    with pytest.raises(DynamicSamplingExhaustedError):
+        simulate(LoopSettings(**{**partial.__dict__, "on_max_rounds": "raise"}), dict.fromkeys(pool, 0.0), 4)
+
+
+def test_a_pool_smaller_than_a_step_is_refused_before_any_generation() -> None:
+    loop = LoopSettings(steps=2, prompts_per_step=32, prompts_per_round=48, max_rounds=3,
+                        on_max_rounds="train_on_partial", seed=0)
+    with pytest.raises(PoolTooSmallError, match="174 problems, but one step may need 175"):
+        simulate(loop, dict.fromkeys([f"q{i}" for i in range(174)], 0.5), 8)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_the_tiny_config_shape_over_three_epochs(seed: int) -> None:
+    """configs/tiny-cpu.yaml's loop over a 700-problem pool for 60 steps (about 4 epochs of draws)."""
+    loop = LoopSettings(steps=60, prompts_per_step=32, prompts_per_round=48, max_rounds=3,
+                        on_max_rounds="train_on_partial", seed=seed)
+    pool = [f"q{i:04d}" for i in range(700)]
+    rates = beta_solve_rates(pool, a=1.2, b=1.5, seed=seed)
+    plans, _ = simulate(loop, rates, 8)
+    check_invariants(plans, loop, pool)
+    assert sum(len(ids) for p in plans for ids in p.requests) > 2 * len(pool)
+
+
+def test_the_paper_config_shape_for_its_500_steps() -> None:
+    """configs/qwen2.5-32b-dapo.yaml's loop: 512 groups of 16 from 1,536-prompt rounds, 17.2k problems."""
+    loop = LoopSettings(steps=500, prompts_per_step=512, prompts_per_round=1536, max_rounds=10,
+                        on_max_rounds="train_on_partial", seed=0)
+    pool = [f"q{i:05d}" for i in range(17_200)]
+    rates = beta_solve_rates(pool, a=0.6, b=1.4, all_solved=0.05, all_failed=0.25, seed=0)
+    plans, stages = simulate(loop, rates, 16)
+    check_invariants(plans, loop, pool)
+    assert len(plans) == 500 and stages.samples_generated > 0
