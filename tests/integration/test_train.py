@@ -657,8 +657,14 @@ def test_bf16_step_exports_a_loadable_bf16_checkpoint(runs: dict, tmp_path: Path
     res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "ck", step=1, config=replace(CONFIG, precision="bf16"))
     assert all(v.dtype == torch.bfloat16 for v in _weights(res.checkpoint_dir).values())
     AutoModelForCausalLM.from_pretrained(res.checkpoint_dir)
-    # bf16 rounding only: the update is close to the fp32 one.
-    assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(res.checkpoint_dir)) < 0.05
+    # bf16 rounding only: the step moves the weights like the fp32 step A. The update is ~2e-3 per
+    # weight, so the error is measured against it (a zeroed update gives cosine 0 and relative error
+    # 1, a sign-flipped one cosine -1; bf16 gives ~0.997 and ~0.08 on this model).
+    w0 = _weights(runs["ck0"])
+    delta_fp32 = torch.cat([(w.float() - w0[k]).flatten() for k, w in _weights(runs["A"].checkpoint_dir).items()])
+    delta_bf16 = torch.cat([(w.float() - w0[k]).flatten() for k, w in _weights(res.checkpoint_dir).items()])
+    assert float(torch.nn.functional.cosine_similarity(delta_bf16, delta_fp32, dim=0)) > 0.95
+    assert float((delta_bf16 - delta_fp32).norm()) < 0.25 * float(delta_fp32.norm())
 
 
 _VLLM_SCRIPT = """
