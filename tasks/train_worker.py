@@ -286,6 +286,8 @@ class _StepRunner:
             self.head_calls = -(-(batch.input_ids.shape[1] - 1) // spec.logprob_chunk_tokens)
         minis = tb.mini_batches(batch.num_samples, spec.updates_per_step, seed=spec.seed + step)
         gas = tb.accumulation_steps([len(m) for m in minis], world_size=W, micro_batch_samples=spec.micro_batch_samples)
+        # Only the loss scaling in engine.backward and the sample count read this; where the optimizer
+        # steps is set explicitly per micro-batch below.
         self.engine.set_train_batch_size(spec.micro_batch_samples * gas * W)
         # plan[m] = this rank's micro-batches of mini-batch m, padded with zero-weight repeats of
         # the mini-batch's first sample so every rank runs exactly ``gas`` forward/backward passes
@@ -358,7 +360,13 @@ class _StepRunner:
                 continue  # every sample of this mini-batch is overlong-filtered: nothing to learn
             finite = True
             lr_now = float(self.engine.get_lr()[0])
+            steps_before = self.engine.global_steps
             for j, (idx, weight) in enumerate(micro):
+                # The last micro-batch of the mini-batch is the accumulation boundary (gradient
+                # reduction, optimizer and LR-schedule step), set explicitly: DeepSpeed's own rule,
+                # (micro_steps + 1) % gas == 0, counts micro-batches since the engine was built, so a
+                # warm engine whose gas changed with the batch size would step mid-mini-batch.
+                self.engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
                 mb = tb.select(batch, idx)
                 lp, _ = self._forward_log_probs(mb)
                 old = old_lp[m][j].to(device)
@@ -386,6 +394,9 @@ class _StepRunner:
                     if all_finite < 1.0:
                         raise TrainStepFailure(f"step {step}: loss is not finite (mini-batch {m}); nothing published")
                 self.engine.step()
+                if self.engine.global_steps != steps_before + (j == len(micro) - 1):
+                    raise TrainStepFailure(f"step {step}: DeepSpeed's optimizer step did not follow the last "
+                                           f"micro-batch of mini-batch {m} (micro-batch {j} of {len(micro)})")
                 n_tok = float(metrics["num_tokens"]) * weight
                 sums["loss"] += float(loss) * weight
                 for key in ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl"):

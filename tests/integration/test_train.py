@@ -505,6 +505,48 @@ def test_warm_steps_equal_cold_steps_bitwise(warm_vs_cold: dict) -> None:
     assert r["w2"].timings["load_s"] < r["c2"].timings["load_s"]
 
 
+# Micro-batches of 2 samples, 2 updates per step: batches of 8, 12 and 10 samples (partial batches,
+# as dynamic sampling's ``on_max_rounds: train_on_partial`` gives) need 2, 3 and 3 micro-batches per
+# update. A counter carried over from the previous step (8 micro-batches after step 1) would put the
+# optimizer step after micro-batch 2 of 3 in step 2, and carry the third one's gradient over.
+GAS_CONFIG = replace(CONFIG, micro_batch_samples=2)
+GAS_BATCH_SIZES = (8, 12, 10)
+
+
+@pytest.mark.slow
+def test_warm_steps_equal_cold_steps_bitwise_when_the_batch_size_changes(ck0: Path, tmp_path: Path) -> None:
+    """With gradient accumulation > 1, a warm engine steps the optimizer on the same micro-batch as a
+    freshly built one, whatever the previous step's batch size.
+
+    Steps 2 and 3 continue in memory; each is re-run cold (a new engine) from the same parent, the
+    warm step before it (step 1 builds its engine like a cold launch: see the test above).
+    """
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    shards = [write_scored(tmp_path / f"batch{i}.parquet", random_batch(20 + i, n, vocab=vocab, max_response=6))
+              for i, n in enumerate(GAS_BATCH_SIZES, start=1)]
+    warm: list = []
+    train_server.stop_active()  # the first warm step must start the group
+    try:
+        for step, shard in enumerate(shards, start=1):
+            parent = warm[-1].checkpoint_dir if warm else ck0
+            warm.append(train_step(parent, [shard], tmp_path / f"w{step}", step=step, config=GAS_CONFIG))
+        group = train_server.active_group()
+        history = list(group.history) if group is not None else []
+    finally:
+        train_server.stop_active()
+    assert history == ["reloaded", "continued", "continued"]
+    assert [r.worker_metrics[0]["accumulation_steps"] for r in warm] == [2, 3, 3]
+    for step in (2, 3):
+        w = warm[step - 1]
+        c = train_step(warm[step - 2].checkpoint_dir, [shards[step - 1]], tmp_path / f"c{step}", step=step,
+                       config=replace(GAS_CONFIG, keep_workers_warm=False))
+        wm, cm = w.worker_metrics[0], c.worker_metrics[0]
+        assert wm["updates_done"] == cm["updates_done"] == 2 * step
+        assert _same_weights(w.checkpoint_dir, c.checkpoint_dir), step
+        assert same_state(optimizer_state(w.checkpoint_dir), optimizer_state(c.checkpoint_dir)) == [], step
+        assert wm["grad_norms"] == cm["grad_norms"], step
+
+
 def test_warm_group_reloads_a_parent_that_is_not_its_last_output(runs: dict, warm_vs_cold: dict) -> None:
     r, root = warm_vs_cold, warm_vs_cold["root"]
     group = train_server.active_group()
@@ -615,8 +657,14 @@ def test_bf16_step_exports_a_loadable_bf16_checkpoint(runs: dict, tmp_path: Path
     res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "ck", step=1, config=replace(CONFIG, precision="bf16"))
     assert all(v.dtype == torch.bfloat16 for v in _weights(res.checkpoint_dir).values())
     AutoModelForCausalLM.from_pretrained(res.checkpoint_dir)
-    # bf16 rounding only: the update is close to the fp32 one.
-    assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(res.checkpoint_dir)) < 0.05
+    # bf16 rounding only: the step moves the weights like the fp32 step A. The update is ~2e-3 per
+    # weight, so the error is measured against it (a zeroed update gives cosine 0 and relative error
+    # 1, a sign-flipped one cosine -1; bf16 gives ~0.997 and ~0.08 on this model).
+    w0 = _weights(runs["ck0"])
+    delta_fp32 = torch.cat([(w.float() - w0[k]).flatten() for k, w in _weights(runs["A"].checkpoint_dir).items()])
+    delta_bf16 = torch.cat([(w.float() - w0[k]).flatten() for k, w in _weights(res.checkpoint_dir).items()])
+    assert float(torch.nn.functional.cosine_similarity(delta_bf16, delta_fp32, dim=0)) > 0.95
+    assert float((delta_bf16 - delta_fp32).norm()) < 0.25 * float(delta_fp32.norm())
 
 
 _VLLM_SCRIPT = """
