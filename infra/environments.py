@@ -231,14 +231,15 @@ cpu_env, rollout_env, train_env = _environments(TARGET)
 ALL_ENVIRONMENTS = (cpu_env, rollout_env, train_env)
 
 
-def stage_cache(stage: str, module_names: list[str] | tuple[str, ...]) -> flyte.Cache:
-    """A Flyte cache whose version is derived from the stage's code (see infra/versioning.py).
+def stage_cache(stage: str, module: str) -> flyte.Cache:
+    """A Flyte cache whose version is derived from the code ``module`` (the task's own module, pass
+    ``__name__``) imports or starts, transitively within the project (see infra/versioning.py).
 
     behavior="auto" with an explicit ``version_override``: the version is ours, not the hash of
     the task function alone; and Flyte 2.12's local controller only *reads* its cache for
     behavior "auto" ("override" writes entries it never looks up), so this is what makes local
     re-runs cache hits.
     """
-    from infra.versioning import code_version
+    from infra.versioning import PROJECT_ROOT, code_version
 
-    return flyte.Cache(behavior="auto", version_override=code_version(stage, module_names))
+    return flyte.Cache(behavior="auto", version_override=code_version(stage, PROJECT_ROOT, module))

@@ -58,7 +58,7 @@ def assemble_shards(
     return batch.num_rows
 
 
-@cpu_env.task(cache=stage_cache("batch", ["tasks.batch", "tasks.score", "schemas", "tasks.run_store"]))
+@cpu_env.task(cache=stage_cache("batch", __name__))
 def assemble_batch(
     scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str
 ) -> int:

@@ -238,9 +238,7 @@ def bootstrap_policy(
 
 
 @cpu_env.task(
-    cache=stage_cache(
-        "bootstrap", ["tasks.bootstrap", "tasks.tiny_policy", "tasks.synthetic", "tasks.checkpoints", "schemas", "tasks.run_store"]
-    )
+    cache=stage_cache("bootstrap", __name__)
 )
 def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, config: BootstrapConfig) -> str:
     """Flyte task: publish the step-0 checkpoint at ``out_dir`` and return its folder.

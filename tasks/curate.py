@@ -248,7 +248,7 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
 
 
 @cpu_env.task(
-    cache=stage_cache("curate", ["tasks.curate", "tasks.readers", "tasks.synthetic", "dapo_core.answers", "schemas", "tasks.run_store"])
+    cache=stage_cache("curate", __name__)
 )
 def curate(inputs: list[str], out_dir: str, config: CurateConfig) -> CurateReport:
     """Flyte task: curate ``inputs`` into Problem / RejectedProblem shards under ``out_dir``.

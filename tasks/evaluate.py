@@ -127,11 +127,7 @@ def evaluate_checkpoint(
 
 
 @rollout_env.task(
-    cache=stage_cache(
-        "evaluate",
-        ["tasks.evaluate", "tasks.eval_sets", "tasks.curate", "tasks.readers", "dapo_core.answers", "tasks.rollout",
-         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas", "tasks.run_store"],
-    )
+    cache=stage_cache("evaluate", __name__)
 )
 def evaluate(
     checkpoint_dir: str,

@@ -364,7 +364,7 @@ def rollout_shard(
 
 
 @rollout_env.task(
-    cache=stage_cache("rollout", ["tasks.rollout", "tasks.vllm_engine", "tasks.checkpoints", "schemas", "tasks.run_store"])
+    cache=stage_cache("rollout", __name__)
 )
 def rollout(
     checkpoint_dir: str,

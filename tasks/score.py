@@ -198,10 +198,7 @@ def score_shards(
 
 
 @cpu_env.task(
-    cache=stage_cache(
-        "score",
-        ["tasks.score", "dapo_core.rewards", "dapo_core.advantages", "dapo_core.overlong", "dapo_core.sampling", "schemas", "tasks.run_store"],
-    )
+    cache=stage_cache("score", __name__)
 )
 def score(
     rollout_paths: list[str], problem_paths: list[str], out_path: str, max_response_tokens: int, config: ScoreConfig

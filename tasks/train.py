@@ -488,11 +488,7 @@ def train_step_in_store(
 
 
 @train_env.task(
-    cache=stage_cache(
-        "train",
-        ["tasks.train", "tasks.train_rank", "tasks.train_worker", "tasks.train_server", "tasks.train_batch", "tasks.checkpoints", "tasks.run_store", "infra.deepspeed",
-         "dapo_core.losses", "dapo_core.metrics", "schemas"],
-    )
+    cache=stage_cache("train", __name__)
 )
 def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig) -> str:
     """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON.
