@@ -66,9 +66,12 @@ _UNBRACED_TOKEN_RE = re.compile(r"[^\s$]+")
 _HEDGE_WORD_RE = re.compile(r"\b(?:or|and)\b", re.IGNORECASE)
 # `\\approx` states a second, approximate value ("34 \\approx 35"); LaTeX parsers keep its left side.
 _HEDGE_SYMBOL_RE = re.compile(r"\\(?:lor|vee|land|wedge|pm|mp|approx)(?![a-zA-Z])|[;\u00b1\u2213\u2248]")
-# Two numbers separated only by spacing ("33 34", "34 \quad 35"): math-verify reads these as a
-# product or a sum, which a policy could exploit.
-_JUXTAPOSED_RE = re.compile(r"\d(?:\s|~|\\[,;:! ]|\\q?quad(?![a-zA-Z]))+[+-]?\.?\d")
+# Two numbers separated only by spacing or an ellipsis ("33 34", "34 \quad 35", "2 \ldots 0"): no
+# operator joins them, so they are two values; the LaTeX grammar reads them as a product or a sum
+# (2 \ldots 0 -> 2*0, which is 0), which a policy could exploit.
+_JUXTAPOSED_RE = re.compile(
+    r"\d(?:\s|~|\\[,;:! ]|\\(?:q?quad|[lcv]?dots|dotsc|dotsb|ldotp|cdotp)(?![a-zA-Z]))+[+-]?\.?\d"
+)
 
 _BOX_OPEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 # Formatting commands whose argument is read as plain text: unwrapped in place by `stated_values`
@@ -81,10 +84,10 @@ _MATH_DELIMITER_RE = re.compile(r"\\[()\[\]]")
 _MATH_WORDS = r"(?:arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|ln|lg|exp|sqrt|pi)"
 # Prose: a word of 2+ letters that is not a LaTeX command (no backslash before it) or a math
 # function name, with a unit exponent ("cm^2") when one follows; or the article "a" before a
-# word or number ("a 34", "a total of"), but not "a + 1".
+# word, command or signed number ("a 34", "a total of", "a -5"), but not "a + 1" or "a - 5".
 _PROSE_RE = re.compile(
     r"(?<![\\A-Za-z])"
-    r"(?:(?!" + _MATH_WORDS + r"(?![A-Za-z]))[A-Za-z]{2,}(?:\s*\^\s*(?:\{[^{}]*\}|\d+))?|a(?=\s+[A-Za-z0-9]))"
+    r"(?:(?!" + _MATH_WORDS + r"(?![A-Za-z]))[A-Za-z]{2,}(?:\s*\^\s*(?:\{[^{}]*\}|\d+))?|a(?=\s+(?:[A-Za-z0-9\\]|[+-]\d)))"
     r"(?![A-Za-z])"
 )
 _LATEX_SPACING_RE = re.compile(r"\\(?:q?quad(?![A-Za-z])|[,;:! ])|~")
@@ -224,7 +227,7 @@ def stated_values(answer: str) -> list[str]:
     text = _MATH_DELIMITER_RE.sub(" ", text)
     values: list[str] = []
     for piece in _PROSE_RE.split(text):
-        piece = _trim_piece(piece)
+        piece = " ".join(_trim_piece(piece).split())  # one space per run: the parser's regexes expect it
         if _VALUE_CONTENT_RE.search(_LATEX_SPACING_RE.sub(" ", piece)):
             values.append(piece)
     return values
@@ -248,7 +251,7 @@ def _trim_piece(piece: str) -> str:
     previous = None
     while previous != piece:
         previous = piece
-        piece = _LATEX_SPACING_EDGE_RE.sub("", piece).strip().strip(",;:?\"'`")
+        piece = _LATEX_SPACING_EDGE_RE.sub("", piece).strip().strip(",;:?=\"'`")
         if piece.endswith(".") and not piece.endswith(".."):
             piece = piece[:-1]
         if piece.endswith(("(", "[")) or piece.startswith((")", "]")):
@@ -301,8 +304,9 @@ def looks_hedged(answer: str) -> bool:
     """True when the answer text offers more than one value.
 
     Used only when the gold answer is a single value. After thousands separators are removed,
-    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, `\\approx`, or two numbers separated
-    only by spacing all count as hedging. "1,234" is one number and is not a hedge.
+    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, `\\approx`, or two numbers
+    separated only by spacing or an ellipsis (`\\ldots`) all count as hedging. "1,234" is one
+    number and is not a hedge.
     """
     text = strip_thousands_separators(answer.translate(_UNICODE_MINUS))
     return (

@@ -89,6 +89,10 @@ def test_an_answer_offering_several_values_is_wrong(response: str) -> None:
         ("Answer: \\text{34}", 34),
         ("Answer: a 34", 34),
         ("Answer: \\(34\\)", 34),
+        ("Answer: AB = 34", 34),  # a two-letter name is prose; the equation's last side is the value
+        ("Answer: a -5", -5),
+        ("Answer: 34 \\;", 34),
+        ("Answer: $\\boxed{34}$ \\text{ways}.", 34),
         ("Answer: 1,234", 1234),
         ("Answer: 1{,}234", 1234),
         ("Answer: \\$1,234", 1234),
