@@ -87,7 +87,8 @@ _MATH_WORDS = r"(?:arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|l
 # word, command or signed number ("a 34", "a total of", "a -5"), but not "a + 1" or "a - 5".
 _PROSE_RE = re.compile(
     r"(?<![\\A-Za-z])"
-    r"(?:(?!" + _MATH_WORDS + r"(?![A-Za-z]))[A-Za-z]{2,}(?:\s*\^\s*(?:\{[^{}]*\}|\d+))?|a(?=\s+(?:[A-Za-z0-9\\]|[+-]\d)))"
+    r"(?:(?!" + _MATH_WORDS + r"(?![A-Za-z]))[A-Za-z]{2,}(?:\s*\^\s*(?:\{[^{}]*\}|\d+))?"
+    r"|a(?=\s+(?:[A-Za-z0-9\\]|[+-]\d)))"
     r"(?![A-Za-z])"
 )
 _LATEX_SPACING_RE = re.compile(r"\\(?:q?quad(?![A-Za-z])|[,;:! ])|~")
