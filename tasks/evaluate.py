@@ -123,7 +123,8 @@ def evaluate_checkpoint(
     cache=stage_cache(
         "evaluate",
         ["tasks.evaluate", "tasks.eval_sets", "tasks.curate", "tasks.readers", "dapo_core.answers", "tasks.rollout",
-         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.eval_metrics", "schemas", "tasks.run_store"],
+         "tasks.vllm_engine", "dapo_core.rewards", "dapo_core.answer_extraction", "dapo_core.eval_metrics", "schemas",
+         "tasks.run_store"],
     )
 )
 def evaluate(

@@ -205,7 +205,8 @@ def score_shards(
 @cpu_env.task(
     cache=stage_cache(
         "score",
-        ["tasks.score", "dapo_core.rewards", "dapo_core.advantages", "dapo_core.overlong", "dapo_core.sampling", "schemas", "tasks.run_store"],
+        ["tasks.score", "dapo_core.rewards", "dapo_core.answer_extraction", "dapo_core.advantages",
+         "dapo_core.overlong", "dapo_core.sampling", "schemas", "tasks.run_store"],
     )
 )
 def score(
