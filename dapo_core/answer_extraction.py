@@ -6,11 +6,15 @@ Pure string functions (stdlib only) used by the rule reward in `dapo_core.reward
   model to end with a line `Answer: $Answer`, and the official DAPO scorer reads the *last*
   `Answer:` inside the last 300 characters of the response. Responses that never wrote such a
   line but did write `\\boxed{...}` (the habit of most math-tuned models) fall back to the last
-  complete `\\boxed{}`.
+  complete `\\boxed{}` in that same window; several boxes on that box's line are all kept.
+- `stated_values` splits an answer line into the values it states, prose removed. The final
+  answer line must state ONE value: "35 otherwise 34" states two, whatever the words between
+  them, and is wrong against a single gold value (paper sec. 3.5 chose a rule reward because a
+  learned one is hackable; a rule that reads "the last number" is hackable too).
 - `integer_value` / `gold_integer` power the exact integer fast path (no math-verify needed
   when both sides are plain integers).
-- `looks_hedged` flags answers that offer several values ("12 or 13", "12, 13", "12 \\lor 13",
-  "33 34"), a cheap way to farm a +1 from a rule reward (reward hacking).
+- `looks_hedged` flags a value that offers several values by its math ("12, 13", "12 \\lor 13",
+  "12 \\pm 1", "33 34"), a cheap way to farm a +1 from a rule reward (reward hacking).
 
 Everything here runs on untrusted model output in the trainer process, so every regex is
 linear-time (no nested quantifiers over the same characters) and the expensive scans are
@@ -60,10 +64,36 @@ _UNBRACED_TOKEN_RE = re.compile(r"[^\s$]+")
 # Connectives and symbols that offer more than one value. `\b` keeps "\lor", "for", "\operatorname"
 # from matching the words.
 _HEDGE_WORD_RE = re.compile(r"\b(?:or|and)\b", re.IGNORECASE)
-_HEDGE_SYMBOL_RE = re.compile(r"\\(?:lor|vee|land|wedge|pm|mp)(?![a-zA-Z])|[;\u00b1\u2213]")
-# Two numbers separated only by spacing ("33 34", "34 \quad 35"): math-verify reads these as a
-# product or a sum, which a policy could exploit.
-_JUXTAPOSED_RE = re.compile(r"\d(?:\s|~|\\[,;:! ]|\\q?quad(?![a-zA-Z]))+[+-]?\.?\d")
+# `\\approx` states a second, approximate value ("34 \\approx 35"); LaTeX parsers keep its left side.
+_HEDGE_SYMBOL_RE = re.compile(r"\\(?:lor|vee|land|wedge|pm|mp|approx)(?![a-zA-Z])|[;\u00b1\u2213\u2248]")
+# Two numbers separated only by spacing or an ellipsis ("33 34", "34 \quad 35", "2 \ldots 0"): no
+# operator joins them, so they are two values; the LaTeX grammar reads them as a product or a sum
+# (2 \ldots 0 -> 2*0, which is 0), which a policy could exploit.
+_JUXTAPOSED_RE = re.compile(
+    r"\d(?:\s|~|\\[,;:! ]|\\(?:q?quad|[lcv]?dots|dotsc|dotsb|ldotp|cdotp)(?![a-zA-Z]))+[+-]?\.?\d"
+)
+
+_BOX_OPEN_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+# Formatting commands whose argument is read as plain text: unwrapped in place by `stated_values`
+# so that words inside count as prose and numbers inside as values.
+_TEXT_COMMAND_RE = re.compile(
+    r"\\(?:text(?:bf|it|rm|sf|tt|normal)?|mbox|math(?:rm|bf|it|sf|tt)|boxed|fbox|overline|emph)\s*\{"
+)
+_MATH_DELIMITER_RE = re.compile(r"\\[()\[\]]")
+# Function names a model may write without their backslash; they are math, not prose.
+_MATH_WORDS = r"(?:arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|ln|lg|exp|sqrt|pi)"
+# Prose: a word of 2+ letters that is not a LaTeX command (no backslash before it) or a math
+# function name, with a unit exponent ("cm^2") when one follows; or the article "a" before a
+# word, command or signed number ("a 34", "a total of", "a -5"), but not "a + 1" or "a - 5".
+_PROSE_RE = re.compile(
+    r"(?<![\\A-Za-z])"
+    r"(?:(?!" + _MATH_WORDS + r"(?![A-Za-z]))[A-Za-z]{2,}(?:\s*\^\s*(?:\{[^{}]*\}|\d+))?"
+    r"|a(?=\s+(?:[A-Za-z0-9\\]|[+-]\d)))"
+    r"(?![A-Za-z])"
+)
+_LATEX_SPACING_RE = re.compile(r"\\(?:q?quad(?![A-Za-z])|[,;:! ])|~")
+_LATEX_SPACING_EDGE_RE = re.compile(r"^(?:\s|\\(?:q?quad(?![A-Za-z])|[,;:! ])|~)+|(?:\s|\\(?:q?quad|[,;:! ])|~)+$")
+_VALUE_CONTENT_RE = re.compile(r"[0-9A-Za-z]")
 
 
 def _strip_wrappers(text: str) -> str:
@@ -121,27 +151,48 @@ def last_boxed_content(text: str) -> str | None:
         search_end = start
 
 
+def _boxes(text: str) -> list[tuple[int, int, str]]:
+    """Every complete `\\boxed{...}` / `\\fbox{...}` in `text`: (start, end, content), in order.
+
+    Nested boxes count once (the outer one); an unclosed box (a truncated response) is skipped.
+    """
+    found: list[tuple[int, int, str]] = []
+    for match in _BOX_OPEN_RE.finditer(text):
+        if found and match.start() < found[-1][1]:
+            continue  # inside the previous box
+        end = _match_braces(text, match.end() - 1)
+        if end is not None:
+            found.append((match.start(), end, text[match.end() : end - 1]))
+    return found
+
+
 def clean_answer(raw: str) -> str | None:
     """Normalise an extracted answer string; None when nothing is left.
 
-    Removes delimiters (`$`, `\\(`, `**`...), a final period, a whole-answer `\\boxed{}` and
-    stray `$` (currency), and maps Unicode minus signs to `-`.
+    Removes delimiters (`$`, `\\(`, `**`...), a final period, a `\\boxed{}` that holds the whole
+    answer, escaped dollars (`\\$34`, currency) and stray `$`, and maps Unicode minus signs to `-`.
+    A box that is only part of the answer ("\\boxed{35} \\boxed{34}") stays, so that
+    `stated_values` sees every value the line offers.
     """
-    text = _strip_wrappers(raw.translate(_UNICODE_MINUS))
-    if text.startswith("\\boxed") or text.startswith("\\fbox"):
-        inner = last_boxed_content(text)
-        if inner is not None:
-            text = _strip_wrappers(inner)
-    text = text.replace("$", "").strip()
+    text = _strip_wrappers(raw.translate(_UNICODE_MINUS).replace("\\$", ""))
+    boxes = _boxes(text)
+    if len(boxes) == 1 and boxes[0][0] == 0 and boxes[0][1] == len(text):
+        text = _strip_wrappers(boxes[0][2])
+    text = text.replace("$", " ").strip()
     return text or None
 
 
 def extract_answer(response: str) -> str | None:
     """The final answer a response commits to, or None if it gives none.
 
-    1. The last `Answer:` within the last `ANSWER_WINDOW_CHARS` characters; the value is the
-       rest of that line (or the next line when the line is empty), cleaned by `clean_answer`.
-    2. Otherwise the content of the last complete `\\boxed{}` anywhere in the response.
+    Only the last `ANSWER_WINDOW_CHARS` characters count, as in the official DAPO scorer: an
+    answer written early in a response that then ran on (or was truncated) is no final answer.
+
+    1. The last `Answer:` in that window; the value is the rest of that line (or the next line
+       when the line is empty), cleaned by `clean_answer`.
+    2. Otherwise the content of the last complete `\\boxed{}` in that window. When the line
+       holding it holds other boxes too, all of them are returned, comma-separated
+       ("\\boxed{35} or \\boxed{34}" -> "35, 34"): a line of boxes offers every boxed value.
     """
     window = response[-ANSWER_WINDOW_CHARS:]
     matches = _ANSWER_RE.findall(window)
@@ -149,10 +200,72 @@ def extract_answer(response: str) -> str | None:
         answer = clean_answer(matches[-1])
         if answer is not None:
             return answer
-    boxed = last_boxed_content(response)
-    if boxed is None:
-        return None
-    return clean_answer(boxed)
+    boxes = _boxes(window)
+    if not boxes:
+        unbraced = last_boxed_content(window)  # `\\boxed 5`
+        return None if unbraced is None else clean_answer(unbraced)
+    line_start = window.rfind("\n", 0, boxes[-1][0]) + 1
+    on_line = [content for start, _, content in boxes if start >= line_start]
+    values = [value for value in (clean_answer(content) for content in on_line) if value is not None]
+    return ", ".join(values) or None
+
+
+def stated_values(answer: str) -> list[str]:
+    """The values an answer line states, in order, with the prose around them removed.
+
+    Words ("the answer is", "cm", "otherwise", "instead of"), `\\text{...}` and its kin are prose:
+    they are removed and split the line, so "the answer is x = 34 cm" states one value
+    ("x = 34") while "35 otherwise 34" or "\\boxed{35} \\boxed{34}" state two. What the words
+    are does not matter, only that values stand on both sides of them. A word is two or more
+    letters not preceded by a backslash (LaTeX commands are math), except function names such
+    as "sin" or "log"; the article "a" before a word or number is prose too ("a 34").
+    Brackets and punctuation left dangling by the split ("34 (in cm)") are trimmed; pieces with no
+    letter or digit left are not values. Multi-value math inside one piece ("12, 13", "12 \\lor
+    13") is `looks_hedged`'s job, and whether a piece is one well-formed expression is the
+    parser's.
+    """
+    text = _unwrap_text_commands(answer.translate(_UNICODE_MINUS).replace("\\$", "").replace("$", " "))
+    text = _MATH_DELIMITER_RE.sub(" ", text)
+    values: list[str] = []
+    for piece in _PROSE_RE.split(text):
+        piece = " ".join(_trim_piece(piece).split())  # one space per run: the parser's regexes expect it
+        if _VALUE_CONTENT_RE.search(_LATEX_SPACING_RE.sub(" ", piece)):
+            values.append(piece)
+    return values
+
+
+def _unwrap_text_commands(text: str) -> str:
+    """Replace `\\text{...}`, `\\textbf{...}`, `\\boxed{...}` (and kin) by their content, spaced."""
+    while True:
+        match = _TEXT_COMMAND_RE.search(text)
+        if match is None:
+            return text
+        end = _match_braces(text, match.end() - 1)
+        if end is None:  # unbalanced: drop the command, keep the rest for the parser to judge
+            text = f"{text[: match.start()]} {text[match.end() :]}"
+        else:
+            text = f"{text[: match.start()]} {text[match.end() : end - 1]} {text[end:]}"
+
+
+def _trim_piece(piece: str) -> str:
+    """Strip spacing, sentence punctuation and brackets left open by a prose split from both ends."""
+    previous = None
+    while previous != piece:
+        previous = piece
+        piece = _LATEX_SPACING_EDGE_RE.sub("", piece).strip().strip(",;:?=\"'`")
+        if piece.endswith(".") and not piece.endswith(".."):
+            piece = piece[:-1]
+        if piece.endswith(("(", "[")) or piece.startswith((")", "]")):
+            piece = piece[:-1] if piece.endswith(("(", "[")) else piece[1:]
+        if piece.startswith(("(", "[")) and not _balanced_brackets(piece):
+            piece = piece[1:]
+        elif piece.endswith((")", "]")) and not _balanced_brackets(piece):
+            piece = piece[:-1]
+    return piece
+
+
+def _balanced_brackets(text: str) -> bool:
+    return text.count("(") == text.count(")") and text.count("[") == text.count("]")
 
 
 def strip_thousands_separators(answer: str) -> str:
@@ -192,8 +305,9 @@ def looks_hedged(answer: str) -> bool:
     """True when the answer text offers more than one value.
 
     Used only when the gold answer is a single value. After thousands separators are removed,
-    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, or two numbers separated only
-    by spacing all count as hedging. "1,234" is one number and is not a hedge.
+    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, `\\approx`, or two numbers
+    separated only by spacing or an ellipsis (`\\ldots`) all count as hedging. "1,234" is one
+    number and is not a hedge.
     """
     text = strip_thousands_separators(answer.translate(_UNICODE_MINUS))
     return (

@@ -5,10 +5,16 @@ DAPO uses this rule-based outcome reward instead of a learned reward model becau
 one is easy to hack; the same worry shapes this module:
 
 - The answer is read the way the DAPO data asks for it (`dapo_core.answer_extraction`): the last
-  `Answer:` in the last 300 characters, falling back to the last `\\boxed{}`.
+  `Answer:` in the last 300 characters, falling back to the last `\\boxed{}` in that window.
+- The final answer line must state ONE value. Prose is removed from it and splits it
+  (`stated_values`); a line that then offers more than one value ("35 otherwise 34",
+  "\\boxed{35} \\boxed{34}", "12 or 13", "12, 13") is wrong even if one of them matches, whatever
+  joins them. The one value must parse as one LaTeX expression: math-verify's lenient extraction,
+  which scavenges the last number out of text it cannot parse ("35 ? 34" -> 34), is not used on
+  model answers. The official DAPO scorer's strict match is the floor: the single-value forms it
+  accepts ("34 cm", "x = 34", "$34$", "\\$34", "1,234", an equation's last side) are accepted.
 - Equivalence is judged by math-verify (`parse` / `verify`), except for a cheap exact path when
   both sides are plain integers (the DAPO-Math-17K case, and the bulk of real verdicts).
-- Answers that hedge between several values are wrong even if one of them matches.
 - Model output is untrusted: parsing `\\boxed{9^{9^{9^{9}}}}` never finishes. math-verify's own
   timeout uses `signal.alarm`, which only works in a process's main thread, so every verdict
   runs in a worker *process* under a per-item wall-clock deadline. A worker that overruns it is
@@ -47,11 +53,18 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from dapo_core.answer_extraction import extract_answer, gold_integer, integer_value, looks_hedged
+from dapo_core.answer_extraction import (
+    extract_answer,
+    gold_integer,
+    integer_value,
+    looks_hedged,
+    stated_values,
+    strip_thousands_separators,
+)
 
 logger = logging.getLogger(__name__)
 
-_RULE_REVISION: int = 1
+_RULE_REVISION: int = 2
 
 try:
     _MATH_VERIFY_VERSION = importlib.metadata.version("math-verify")
@@ -95,8 +108,13 @@ class Verdict:
         status: "ok" when judged; "timeout" when judging overran `timeout_s` (worker killed or
             interrupted); "error" when judging raised or the worker died.
         extracted_answer: The final answer read from the response, None if it gave none.
-        reason: Why: "correct", "wrong", "no_answer", "hedged", "unparsable", "timeout", "error".
+        reason: Why: "correct", "wrong", "no_answer", "hedged" (several values offered),
+            "unparsable" (no value, or not one well-formed expression), "timeout", "error".
         error: Human-readable detail when status is "timeout" or "error", else None.
+        judged_value: The single value that was judged, in a canonical form ("34" for "34",
+            "34.0", "\\frac{68}{2}" and "x = 34"), so that equivalent answers compare equal (maj@k
+            votes on it); None when no single value was judged (no answer, hedged, unparsable,
+            timeout, error).
     """
 
     reward: float
@@ -105,10 +123,11 @@ class Verdict:
     extracted_answer: str | None
     reason: str
     error: str | None = None
+    judged_value: str | None = None
 
 
 def _verdict(correct: bool, extracted: str | None, reason: str, status: VerdictStatus = "ok",
-             error: str | None = None) -> Verdict:
+             error: str | None = None, judged_value: str | None = None) -> Verdict:
     return Verdict(
         reward=CORRECT_REWARD if correct else INCORRECT_REWARD,
         correct=correct,
@@ -116,6 +135,7 @@ def _verdict(correct: bool, extracted: str | None, reason: str, status: VerdictS
         extracted_answer=extracted,
         reason=reason,
         error=error,
+        judged_value=judged_value,
     )
 
 
@@ -152,8 +172,8 @@ def summarize_verdicts(verdicts: Sequence[Verdict]) -> VerdictCounts:
 # `judge_in_process`, the slow obvious reference used by tests).
 # --------------------------------------------------------------------------------------------
 
-# (status, correct, reason, error) - what a worker sends back per item.
-_Outcome = tuple[str, bool, str, "str | None"]
+# (status, correct, reason, error, judged_value) - what a worker sends back per item.
+_Outcome = tuple[str, bool, str, "str | None", "str | None"]
 
 
 def _as_latex(text: str) -> str:
@@ -175,19 +195,57 @@ def _is_multi_valued(expr: Any) -> bool:
     return isinstance(expr, (sympy.Set, sympy.Tuple, sympy.MatrixBase, BooleanFunction, list, tuple))
 
 
-def _has_unexplained_symbols(expr: Any) -> bool:
-    """True when a parse produced free symbols outside an equation ("34 dollars" -> 34*d*o*l...)."""
+_GOLD_CACHE: dict[str, list[Any]] = {}
+_DECIMAL_RE = re.compile(r"[+-]?\d{1,50}(?:\.\d{1,50})?")
+
+
+def _parse_value(value: str) -> list[Any]:
+    """Parse ONE stated value strictly: the whole string as one LaTeX expression, or nothing.
+
+    math-verify's `parse` is an extractor for free text: by default, when the LaTeX grammar
+    rejects the text it tries other matches and the plain-number regex, which returns the
+    rightmost number ("35 ? 34", "35 \\to 34" -> 34). Here one expression is tried and only it
+    (`first_match`, LaTeX only, no string fallback), so a line that is not one expression is
+    unparsable, not a number picked out of it.
+    """
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+    if _DECIMAL_RE.fullmatch(value):
+        # A plain decimal ("34.0") needs no LaTeX grammar: expression mode reads it exactly, ~5x faster.
+        config: list[Any] = [ExprExtractionConfig()]
+    else:
+        config = [LatexExtractionConfig()]
+        value = _as_latex(value)
+    return parse(value, extraction_config=config, fallback_mode="no_fallback", extraction_mode="first_match",
+                 parsing_timeout=None, raise_on_error=True)
+
+
+def _has_unknowns(expr: Any) -> bool:
+    """True when a parsed value has free symbols; for an equation, in its last side ("x = 34": no)."""
     import sympy
 
-    if isinstance(expr, sympy.core.relational.Relational):
-        return False
+    if isinstance(expr, sympy.Equality):
+        expr = expr.rhs
     return bool(getattr(expr, "free_symbols", ()))
 
 
-_GOLD_CACHE: dict[str, list[Any]] = {}
-_DECIMAL_RE = re.compile(r"[+-]?\d{1,50}(?:\.\d{1,50})?")
-# A word of 3+ letters that is not a LaTeX command ("dollars", not "\\frac").
-_PLAIN_WORD_RE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
+def _canonical_value(expr: Any) -> str | None:
+    """A canonical string for a parsed value, equal for equivalent numbers ("34", "34.0", 68/2).
+
+    An equation's value is its last side ("x = 34" -> "34"). Numbers are evaluated and floats made
+    rational, so 34.0 and \\frac{68}{2} both read "34"; other expressions keep sympy's printing.
+    """
+    import sympy
+
+    if isinstance(expr, sympy.Equality):
+        expr = expr.rhs
+    if isinstance(expr, sympy.Expr) and expr.is_number:
+        expr = expr.doit()
+        if isinstance(expr, sympy.Float):
+            expr = sympy.nsimplify(expr, rational=True)
+    if isinstance(expr, str):
+        return expr
+    return str(expr)
 
 
 def _parse_gold(gold_text: str) -> list[Any]:
@@ -212,37 +270,36 @@ def _parse_gold(gold_text: str) -> list[Any]:
 
 def _judge(answer: str, gold_text: str) -> _Outcome:
     """Judge one extracted answer against one gold answer with math-verify (no timeout here)."""
-    from math_verify import parse, verify
+    from math_verify import verify
 
     gold = _parse_gold(gold_text)
     if not gold:
-        return ("error", False, "error", f"gold answer {gold_text!r} could not be parsed by math-verify")
+        return ("error", False, "error", f"gold answer {gold_text!r} could not be parsed by math-verify", None)
     gold_is_single = not _is_multi_valued(gold[0])
-    if gold_is_single and looks_hedged(answer):
-        return ("ok", False, "hedged", None)
-    # A plain decimal ("34.0") needs no LaTeX grammar: math-verify's expression mode reads it
-    # exactly and ~5x faster.
-    latex_or_plain = answer if _DECIMAL_RE.fullmatch(answer) else _as_latex(answer)
-    predicted = parse(latex_or_plain, parsing_timeout=None, raise_on_error=True)
-    if not predicted or (_has_unexplained_symbols(predicted[0]) and _PLAIN_WORD_RE.search(answer)):
-        # Plain-text answers such as "34 dollars" parse as products of letters in LaTeX mode;
-        # math-verify's text mode reads them correctly. The LaTeX parse stays a candidate.
-        # Only for answers with a plain word: text mode keeps just the last number, which
-        # would wrongly accept "x + 34" for 34.
-        predicted = list(predicted) + list(parse(answer, parsing_timeout=None, raise_on_error=True))
+    values = [strip_thousands_separators(value) for value in stated_values(answer)]
+    if not values:
+        return ("ok", False, "unparsable", None, None)
+    if gold_is_single and (len(values) > 1 or looks_hedged(values[0])):
+        return ("ok", False, "hedged", None, None)
+    # A multi-valued gold (a tuple, a set) may be stated piece by piece ("x = 3 and y = 4").
+    predicted = _parse_value(", ".join(values))
     if not predicted:
-        return ("ok", False, "unparsable", None)
+        return ("ok", False, "unparsable", None, None)
     if gold_is_single and _is_multi_valued(predicted[0]):
-        return ("ok", False, "hedged", None)
+        return ("ok", False, "hedged", None, None)
+    value = _canonical_value(predicted[0])
+    if _has_unknowns(predicted[0]) and not _has_unknowns(gold[0]):
+        # A value with unknowns is not a number, even where a zero makes it one ("2 A 0" for 0).
+        return ("ok", False, "wrong", None, value)
     correct = bool(verify(gold, predicted, timeout_seconds=None, raise_on_error=True))
-    return ("ok", correct, "correct" if correct else "wrong", None)
+    return ("ok", correct, "correct" if correct else "wrong", None, value)
 
 
 def _judge_caught(answer: str, gold_text: str) -> _Outcome:
     try:
         return _judge(answer, gold_text)
     except Exception as exc:  # untrusted input: any failure is a counted "error" verdict
-        return ("error", False, "error", f"{type(exc).__name__}: {exc}"[:500])
+        return ("error", False, "error", f"{type(exc).__name__}: {exc}"[:500], None)
 
 
 class _SoftTimeout(BaseException):
@@ -322,7 +379,7 @@ def _worker_entry() -> None:
                 outcome = _judge_caught(answer, gold_text)
                 armed[0] = False
             except _SoftTimeout:
-                outcome = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s (interrupted)")
+                outcome = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s (interrupted)", None)
             finally:
                 armed[0] = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -436,7 +493,7 @@ class _VerdictPool:
             for index in reversed(indices):
                 attempts[index] += 1
                 if blame and attempts[index] >= _MAX_ATTEMPTS:
-                    outcomes[index] = ("error", False, "error", "reward worker died repeatedly on this item's chunk")
+                    outcomes[index] = ("error", False, "error", "reward worker died repeatedly on this item's chunk", None)
                 else:
                     pending.appendleft(index)
 
@@ -510,7 +567,7 @@ class _VerdictPool:
                     return
         except (EOFError, OSError):
             pass
-        outcomes[chunk[position]] = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s; worker killed")
+        outcomes[chunk[position]] = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s; worker killed", None)
         # Items before `position` were judged but not yet sent: judge them again elsewhere.
         requeue(chunk[:position] + chunk[position + 1 :], False)
         self._discard(worker)
@@ -522,7 +579,7 @@ class _VerdictPool:
         worker.chunk = None
         if 0 <= position < len(chunk):
             outcomes[chunk[position]] = (
-                "error", False, "error", f"reward worker died (exit code {exit_code}) while judging this item"
+                "error", False, "error", f"reward worker died (exit code {exit_code}) while judging this item", None
             )
             requeue(chunk[:position] + chunk[position + 1 :], False)
         else:
@@ -619,7 +676,7 @@ def score_responses(
         answer_int = integer_value(answer) if gold_int is not None else None
         if gold_int is not None and answer_int is not None:
             correct = answer_int == gold_int
-            verdicts[row] = _verdict(correct, answer, "correct" if correct else "wrong")
+            verdicts[row] = _verdict(correct, answer, "correct" if correct else "wrong", judged_value=str(answer_int))
         else:
             to_judge.append(row)
     if to_judge:
@@ -631,8 +688,8 @@ def score_responses(
                 # A forked child must not drive its parent's workers; it gets its own pool.
                 _POOL = _VerdictPool()
             outcomes = _POOL.run(items, timeout_s, workers)
-        for row, (status, correct, reason, error) in zip(to_judge, outcomes):
-            verdicts[row] = _verdict(correct, extracted[row], reason, status, error)  # type: ignore[arg-type]
+        for row, (status, correct, reason, error, value) in zip(to_judge, outcomes):
+            verdicts[row] = _verdict(correct, extracted[row], reason, status, error, value)  # type: ignore[arg-type]
     final = [v for v in verdicts if v is not None]
     counts = summarize_verdicts(final)
     if counts.timeout or counts.error:
@@ -657,5 +714,5 @@ def judge_in_process(response: str, gold_answer: str | int) -> Verdict:
     answer = extract_answer(response)
     if answer is None:
         return _verdict(False, None, "no_answer")
-    status, correct, reason, error = _judge_caught(answer, str(gold_answer).strip())
-    return _verdict(correct, answer, reason, status, error)  # type: ignore[arg-type]
+    status, correct, reason, error, value = _judge_caught(answer, str(gold_answer).strip())
+    return _verdict(correct, answer, reason, status, error, value)  # type: ignore[arg-type]

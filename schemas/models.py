@@ -307,11 +307,14 @@ class EvalResult(pdp.DataFrameModel):
     pass_at_k: pa.bool_()
     """num_correct > 0."""
     maj_answer: Optional[pa.string()] = pdp.Field(nullable=True)
-    """Most frequent extracted answer among the k, null if none was extracted."""
+    """Most frequent answer among the k, by judged value (34, 34.0 and 68/2 are one answer, "34");
+    null if none was extracted."""
     maj_correct: pa.bool_()
     """Whether maj_answer is correct."""
     verdict_timeouts: pa.int32() = pdp.Field(ge=0)
-    """Verifier timeouts among the k."""
+    """Verifier timeouts among the k (scored -1)."""
+    verdict_errors: pa.int32() = pdp.Field(ge=0)
+    """Verifier errors among the k (scored -1)."""
     temperature: pa.float64() = pdp.Field(ge=0.0)
     """Sampling temperature (paper: 1.0)."""
     top_p: pa.float64() = pdp.Field(gt=0.0, le=1.0)

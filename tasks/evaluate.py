@@ -18,7 +18,7 @@ from typing import Any
 
 import schemas
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE
-from dapo_core.eval_metrics import avg_at_k, majority_vote, pass_at_k
+from dapo_core.eval_metrics import pass_at_k, problem_outcome
 from dapo_core.rewards import score_responses
 from infra.environments import rollout_env, stage_cache
 from tasks import checkpoints, run_store
@@ -86,22 +86,14 @@ def evaluate_checkpoint(
         by_problem.setdefault(r["problem_id"], []).append(i)
     out_rows = []
     for pid in [p.problem_id for p in problems]:
-        idx = by_problem[pid]
-        correct = [verdicts[i].correct for i in idx]
-        maj_answer, maj_correct = majority_vote([verdicts[i].extracted_answer for i in idx], correct)
+        outcome = problem_outcome([verdicts[i] for i in by_problem[pid]])
         out_rows.append(
             {
                 "eval_set": config.eval_set,
                 "problem_id": pid,
                 "checkpoint_id": checkpoint_id,
                 "step": step,
-                "k": len(idx),
-                "num_correct": sum(correct),
-                "avg_at_k": avg_at_k(correct),
-                "pass_at_k": any(correct),
-                "maj_answer": maj_answer,
-                "maj_correct": maj_correct,
-                "verdict_timeouts": sum(verdicts[i].status == "timeout" for i in idx),
+                **dataclasses.asdict(outcome),
                 "temperature": config.temperature,
                 "top_p": config.top_p,
                 "seed": config.seed,
@@ -122,6 +114,7 @@ def evaluate_checkpoint(
         "pass_at_k": sum(pass_at_k(r["k"], r["num_correct"], r["k"]) for r in out_rows) / n,
         "maj_at_k": sum(r["maj_correct"] for r in out_rows) / n,
         "verdict_timeouts": sum(r["verdict_timeouts"] for r in out_rows),
+        "verdict_errors": sum(r["verdict_errors"] for r in out_rows),
         "seconds": round(time.perf_counter() - started, 3),
     }
 

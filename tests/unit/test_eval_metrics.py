@@ -53,3 +53,39 @@ def test_majority_vote_ties_go_to_first_seen_and_missing_answers_are_ignored() -
     assert majority_vote([None, ""], [False, False]) == (None, False)
     with pytest.raises(ValueError, match="length"):
         majority_vote(["1"], [True, False])
+
+
+def test_maj_at_k_votes_on_the_judged_value_not_the_raw_string() -> None:
+    from dapo_core.eval_metrics import problem_outcome
+    from dapo_core.rewards import score_responses, shutdown_reward_pool
+
+    # "34", "34.0" and 68/2 are one value (3 votes, correct); "35" has 2 votes. Voting on the raw
+    # strings would split 34 three ways and elect the wrong "35".
+    responses = ["Answer: 35", "Answer: 34", "Answer: 34.0", "Answer: \\frac{68}{2}", "Answer: 35"]
+    try:
+        verdicts = score_responses(responses, [34] * len(responses), timeout_s=20.0, max_workers=1)
+    finally:
+        shutdown_reward_pool()
+    outcome = problem_outcome(verdicts)
+    assert (outcome.maj_answer, outcome.maj_correct) == ("34", True)
+    # 3 of 5 correct: avg@5 = 0.6
+    assert (outcome.k, outcome.num_correct, outcome.avg_at_k, outcome.pass_at_k) == (5, 3, 0.6, True)
+
+
+def test_problem_outcome_counts_verifier_timeouts_and_errors() -> None:
+    from dapo_core.eval_metrics import problem_outcome
+    from dapo_core.rewards import Verdict
+
+    verdicts = [
+        Verdict(1.0, True, "ok", "7", "correct", judged_value="7"),
+        Verdict(-1.0, False, "timeout", "9^{9^{9}}", "timeout", "too slow"),
+        Verdict(-1.0, False, "error", "x", "error", "worker died"),
+        Verdict(-1.0, False, "error", "y", "error", "worker died"),
+    ]
+    outcome = problem_outcome(verdicts)
+    # 1 timeout, 2 errors; 1 of 4 correct
+    assert (outcome.verdict_timeouts, outcome.verdict_errors) == (1, 2)
+    assert (outcome.num_correct, outcome.avg_at_k) == (1, 0.25)
+    # Unjudged samples have no judged value and vote with their raw text: four answers with one
+    # vote each, and the tie goes to the first seen, "7".
+    assert (outcome.maj_answer, outcome.maj_correct) == ("7", True)

@@ -53,7 +53,8 @@ def _pool_per_module() -> Iterator[None]:
         ("Answer: \\boxed{34}", "34"),
         ("answer:\n34", "34"),  # value on the next line
         ("Answer: 12\nwait, no.\nAnswer: 13", "13"),  # the last Answer: wins
-        ("so \\boxed{\\frac{1}{2}} then \\boxed{\\frac{68}{2}}", "\\frac{68}{2}"),  # last box, nested braces
+        ("so \\boxed{\\frac{1}{2}}\nthen \\boxed{\\frac{68}{2}}", "\\frac{68}{2}"),  # last box, nested braces
+        ("so \\boxed{\\frac{1}{2}} then \\boxed{\\frac{68}{2}}", "\\frac{1}{2}, \\frac{68}{2}"),  # one line: both
         ("\\boxed{34} and then \\boxed{\\frac{1", "34"),  # truncated last box is skipped
         ("Answer: \u221234", "-34"),  # Unicode minus
         ("", None),
@@ -69,8 +70,10 @@ def test_answer_outside_the_last_300_chars_is_ignored() -> None:
     # "Answer: 34" then 300 filler characters: the label is outside the window, no box -> None.
     early = "Answer: 34\n" + "x" * ANSWER_WINDOW_CHARS
     assert extract_answer(early) is None
-    # ...but a box anywhere is still the fallback.
-    assert extract_answer("\\boxed{34}\n" + "x" * ANSWER_WINDOW_CHARS) == "34"
+    # The boxed fallback reads the same window (as the official scorer does): an early box in a
+    # response that ran on (or was truncated) is no final answer.
+    assert extract_answer("\\boxed{34}\n" + "x" * ANSWER_WINDOW_CHARS) is None
+    assert extract_answer("x" * ANSWER_WINDOW_CHARS + "\\boxed{34}") == "34"
 
 
 def test_last_boxed_content_handles_fbox_and_unbraced() -> None:

@@ -56,7 +56,7 @@ def eval_row(**over: Any) -> dict[str, Any]:
     # 3 of k=4 correct: avg@4 = 3 / 4 = 0.75, pass@4 = True
     row = dict(eval_set="aime24", problem_id=PID, checkpoint_id="ckpt-3", step=3, k=4, num_correct=3,
                avg_at_k=0.75, pass_at_k=True, maj_answer="24", maj_correct=True, verdict_timeouts=0,
-               temperature=1.0, top_p=0.7, seed=0)
+               verdict_errors=0, temperature=1.0, top_p=0.7, seed=0)
     return {**row, **over}
 
 
@@ -87,6 +87,7 @@ def test_arrow_schemas_match_the_architecture_contract() -> None:
     ev = arrow_schema(EvalResult)
     assert ev.field("k").type == pa.int32() and ev.field("avg_at_k").type == pa.float64()
     assert ev.field("pass_at_k").type == pa.bool_() and ev.field("seed").type == pa.int64()
+    assert ev.field("verdict_timeouts").type == pa.int32() and ev.field("verdict_errors").type == pa.int32()
     assert len(ALL_MODELS) == 6
 
 
