@@ -36,7 +36,7 @@ class DriverConfig:
     prompts_per_step: int = 16  # prompts (groups) in one training batch (paper: 512)
     prompts_per_round: int = 24  # prompts generated per rollout round (paper: 3 x 512 over-sampling)
     max_rounds: int = 4  # generation rounds per step before giving up (dynamic sampling, sec. 3.2)
-    on_max_rounds: str = "train_on_partial"  # "raise" or "train_on_partial" when rounds run out (score.dynamic_sampling turns the filter on)
+    on_max_rounds: str = "train_on_partial"  # when rounds run out short: "raise", or "train_on_partial" (train on the groups found; none found: the step is skipped, policy kept, trained_groups=0)
     eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
     seed: int = 0  # root seed: problem order and every rollout seed derive from it
 
