@@ -107,11 +107,15 @@ class Problem(pdp.DataFrameModel):
     answer: pa.int64()
     """The integer gold answer the rule-based reward compares with (eq. 7)."""
     original_answer: pa.string()
-    """The answer as written in the source, before integer conversion (for audit)."""
+    """The answer as written in the source, before integer conversion or rewriting (for audit)."""
     prompt: pa.string() = pdp.Field(str_length=NONEMPTY)
     """The problem rendered into the run's prompt template (what the policy sees)."""
     split: pa.string() = pdp.Field(str_length=NONEMPTY)
     """``train`` or ``test`` (fixed by the input or by a hash of problem_id)."""
+    answer_rule: pa.string() = pdp.Field(str_matches=r"^[a-z][a-z0-9_]*$")
+    """How ``answer`` came from ``original_answer``: ``integer`` (it is one), a rewrite rule of
+    dapo_core.answer_rewrite.REWRITE_RULES (``problem`` then ends with the rule's instruction), or
+    ``hook_<i>`` (the i-th CurateConfig.answer_rewrites hook)."""
 
     class Config:
         strict = True

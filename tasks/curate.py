@@ -41,6 +41,7 @@ from dapo_core.answers import (
     render_prompt,
     split_for,
 )
+from dapo_core.answer_rewrite import rewrite_answer
 from infra.environments import cpu_env, stage_cache
 from schemas import Problem, RejectedProblem, write_shard
 from tasks import run_store
@@ -66,7 +67,11 @@ class CurateConfig:
     rows_per_shard: int = 100_000
     """Maximum rows per Parquet shard."""
     answer_rewrites: tuple[str, ...] = ()
-    """``module:function`` hooks tried before the built-in integer conversion (see dapo_core.answers.AnswerRewrite)."""
+    """``module:function`` hooks tried before the built-in integer conversion (see dapo_core.answers.AnswerRewrite).
+    This is also where a model-based rewriter would plug in; none ships, so it is off by default."""
+    rewrite_answers: bool = True
+    """Rewrite fraction, decimal, radical, pi, complex, base, tuple, list and interval answers into
+    integer-answer problems by rule (dapo_core.answer_rewrite, paper sec. 3.5); off: reject them."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +84,17 @@ class CurateReport:
     kept_by_split: dict[str, int]
     rejected_by_reason: dict[str, int]
     kept_by_source: dict[str, int]
+    kept_by_rule: dict[str, int]
+    """Kept rows per Problem.answer_rule: ``integer`` (as written), a rewrite rule, or ``hook_<i>``."""
     rejected_by_source: dict[str, int]
     problem_shards: list[str] = field(default_factory=list)
     rejected_shards: list[str] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- the work
+
+# Reasons a rule-based rewrite may fix; every other rejection (text, choice, matrix, ...) stands.
+REWRITABLE_REASONS = frozenset({"not_integer_fraction", "not_integer_decimal", "expression", "tuple", "interval", "base"})
 
 
 def _rejected(record: RawRecord, code: str, reason: str, problem: str | None = None) -> dict[str, Any]:
@@ -122,8 +132,8 @@ def curate_records(
         raise CurationError(f"two inputs have the same source name {clashes}; rename one (the name is the file name)")
 
     rejected: list[dict[str, Any]] = []
-    # problem_id -> [(record, problem text, integer answer, test_fraction)] in input order
-    groups: dict[str, list[tuple[RawRecord, str, int, float]]] = {}
+    # problem_id -> [(record, problem text, integer answer, test_fraction, answer rule)] in input order
+    groups: dict[str, list[tuple[RawRecord, str, int, float, str]]] = {}
     for source in sources:
         fraction = config.test_fraction if source.test_fraction is None else source.test_fraction
         for record in source.records:
@@ -134,27 +144,33 @@ def curate_records(
                 rejected.append(_rejected(record, "missing_problem", "the problem text is missing or blank"))
                 continue
             verdict = convert_problem_answer(record.problem, record.answer, rewrites)
-            if verdict.value is None:
+            text, value = verdict.problem, verdict.value
+            rule = "integer" if verdict.rewritten_by is None else f"hook_{verdict.rewritten_by}"
+            if value is None and config.rewrite_answers and verdict.reason_code in REWRITABLE_REASONS:
+                rewritten = rewrite_answer(record.problem, record.answer or "")
+                if rewritten is not None:
+                    text, value, rule = rewritten.problem, rewritten.value, rewritten.rule
+            if value is None:  # the conversion's reason stands (the rewriter returns no reason)
                 rejected.append(_rejected(record, verdict.reason_code or "expression", verdict.reason))
                 continue
-            groups.setdefault(problem_id(verdict.problem), []).append((record, verdict.problem, verdict.value, fraction))
+            groups.setdefault(problem_id(text), []).append((record, text, value, fraction, rule))
 
     problems: list[dict[str, Any]] = []
     for pid, members in groups.items():
-        answers = sorted({value for _, _, value, _ in members})
+        answers = sorted({value for _, _, value, _, _ in members})
         if len(answers) > 1:
-            seen = "; ".join(f"{r.source} row {r.source_row}: {v}" for r, _, v, _ in members[:6])
-            for record, text, _, _ in members:
+            seen = "; ".join(f"{r.source} row {r.source_row}: {v}" for r, _, v, _, _ in members[:6])
+            for record, text, _, _, _ in members:
                 rejected.append(
                     _rejected(record, "conflicting_answers", f"problem {pid} has answers {answers} ({seen})", text)
                 )
             continue
         # Resolve each copy's split; if any copy is a test problem the kept copy is a test one, so
         # an evaluation set given alongside training data never leaks into the train split.
-        splits = [record.split or split_for(pid, fraction, config.split_seed) for record, _, _, fraction in members]
+        splits = [record.split or split_for(pid, fraction, config.split_seed) for record, _, _, fraction, _ in members]
         keep_index = splits.index("test") if "test" in splits else 0
         first = members[keep_index][0]
-        for index, (record, text, value, _) in enumerate(members):
+        for index, (record, text, value, _, rule) in enumerate(members):
             if index != keep_index and config.dedup:
                 rejected.append(
                     _rejected(record, "duplicate", f"same problem {pid} as {first.source} row {first.source_row}", text)
@@ -168,6 +184,7 @@ def curate_records(
                     "problem": text,
                     "answer": value,
                     "original_answer": record.answer if record.answer is not None else str(value),
+                    "answer_rule": rule,
                     "prompt": render_prompt(config.prompt_template, text),
                     "split": splits[index],
                 }
@@ -234,6 +251,7 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
         kept_by_split=_count(problems, "split"),
         rejected_by_reason=_count(rejected, "reason_code"),
         kept_by_source=_count(problems, "source"),
+        kept_by_rule=_count(problems, "answer_rule"),
         rejected_by_source=_count(rejected, "source"),
         problem_shards=problem_shards,
         rejected_shards=rejected_shards,
@@ -278,6 +296,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows-per-shard", type=int, default=CurateConfig.rows_per_shard)
     parser.add_argument("--rewrite", action="append", default=[], metavar="MODULE:FUNCTION",
                         help="answer rewrite hook tried before integer conversion (repeatable)")
+    parser.add_argument("--no-rewrite", action="store_true",
+                        help="reject non-integer answers instead of rewriting them (dapo_core.answer_rewrite)")
     parser.add_argument("--flyte", action="store_true", help="run as a local Flyte task (cached) instead of in-process")
 
 
@@ -291,6 +311,7 @@ def run_cli(args: argparse.Namespace) -> int:
         dedup=not args.no_dedup,
         rows_per_shard=args.rows_per_shard,
         answer_rewrites=tuple(args.rewrite),
+        rewrite_answers=not args.no_rewrite,
     )
     try:
         if args.flyte:
@@ -310,6 +331,9 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"input rows: {report.input_rows}  kept: {report.kept}  rejected: {report.rejected}")
     for split, n in report.kept_by_split.items():
         print(f"  kept   {split:<22} {n}")
+    for rule, n in report.kept_by_rule.items():
+        if rule != "integer":
+            print(f"  rewrite {rule:<21} {n}")
     for reason, n in report.rejected_by_reason.items():
         print(f"  reject {reason:<22} {n}")
     print(f"shards under {args.out}: {len(report.problem_shards)} problem, {len(report.rejected_shards)} rejected")

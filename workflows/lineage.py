@@ -108,6 +108,7 @@ def sample_lineage(layout: RunLayout, rollout_id: str) -> dict[str, Any]:
             "problem": problem["problem"],
             "answer": problem["answer"],
             "original_answer": problem["original_answer"],
+            "answer_rule": problem["answer_rule"],
             "shard": str(problem_path),
         },
         "generation": {

@@ -24,7 +24,7 @@ def _problem_shard(path: Path, split: str, n: int, seed: int) -> Path:
         text, answer = make_problem(rng, min_terms=2, max_terms=2, max_operand=9)
         rows.append({"problem_id": problem_id(f"{split}{i}{text}"), "source": "synthetic", "source_row": i,
                      "problem": text, "answer": answer, "original_answer": str(answer),
-                     "prompt": tiny_policy.render_prompt(text), "split": split})
+                     "prompt": tiny_policy.render_prompt(text), "split": split, "answer_rule": "integer"})
     return schemas.write_shard(rows, path, schemas.Problem)
 
 

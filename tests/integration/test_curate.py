@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_core.answers import TINY_PROMPT_TEMPLATE, problem_id
+from dapo_core.answers import DAPO_PROMPT_TEMPLATE, TINY_PROMPT_TEMPLATE, problem_id
 from schemas import Problem, RejectedProblem, read_shards
 from tasks.curate import CurateConfig, CurationError, curate_records, curate_sources
 from tasks.readers import RawRecord, SourceRecords
@@ -34,7 +34,7 @@ def test_dedup_conflicts_and_splits_on_hand_made_records() -> None:
         RawRecord("s", 6, None, None, None, "bad_encoding", "row 6 is not UTF-8"),
     ]
     eval_copy = RawRecord("e", 0, "What is 1+1?", "2", "test")  # the test copy wins over the train copy
-    config = CurateConfig(prompt_template=TINY_PROMPT_TEMPLATE)
+    config = CurateConfig(prompt_template=TINY_PROMPT_TEMPLATE, rewrite_answers=False)  # "Half" is rejected
     problems, rejected = curate_records([SourceRecords("s", records), SourceRecords("e", [eval_copy])], config)
     assert [(p["source"], p["source_row"], p["answer"], p["split"]) for p in problems] == [("e", 0, 2, "test")]
     assert problems[0]["problem_id"] == problem_id("What is 1+1?")
@@ -44,7 +44,7 @@ def test_dedup_conflicts_and_splits_on_hand_made_records() -> None:
         ("s", 3, "conflicting_answers"), ("s", 4, "not_integer_fraction"), ("s", 5, "missing_problem"),
         ("s", 6, "bad_encoding")]
     # dedup off keeps both identical copies but still rejects the conflict.
-    kept, _ = curate_records([SourceRecords("s", records)], CurateConfig(dedup=False))
+    kept, _ = curate_records([SourceRecords("s", records)], CurateConfig(dedup=False, rewrite_answers=False))
     assert [p["source_row"] for p in kept] == [0, 1]
     with pytest.raises(CurationError, match="same source name"):
         curate_records([SourceRecords("s", []), SourceRecords("s", [])], config)
@@ -91,13 +91,40 @@ def test_bad_rows_are_rejected_not_fatal(tmp_path: Path) -> None:
         b'not json\n'
         b'{"question": "Q3", "answer": "#### \\\\frac{1}{2}"}\n'
     )
-    report = curate_sources([str(path)], tmp_path / "out", CurateConfig())
+    report = curate_sources([str(path)], tmp_path / "out", CurateConfig(rewrite_answers=False))
     assert (report.input_rows, report.kept) == (4, 1)
     assert report.rejected_by_reason == {"bad_encoding": 1, "not_integer_fraction": 1, "unparseable": 1}
     kept = read_shards(tmp_path / "out" / "problems", Problem).to_pylist()
-    assert (kept[0]["answer"], kept[0]["original_answer"]) == (1000, "1,000")
+    assert (kept[0]["answer"], kept[0]["original_answer"], kept[0]["answer_rule"]) == (1000, "1,000", "integer")
     rejected = read_shards(tmp_path / "out" / "rejected", RejectedProblem)
     assert rejected["source_row"].to_pylist() == [1, 2, 3]
+    # Rewriting on (the default): 1/2 becomes "m/n in lowest terms, give m+n" = 3; bad rows stay rejected.
+    report = curate_sources([str(path)], tmp_path / "out", CurateConfig())
+    assert report.kept_by_rule == {"fraction_sum": 1, "integer": 1}
+    assert report.rejected_by_reason == {"bad_encoding": 1, "unparseable": 1}
+    half = [p for p in read_shards(tmp_path / "out" / "problems", Problem).to_pylist() if p["source_row"] == 3][0]
+    assert (half["answer"], half["original_answer"], half["answer_rule"]) == (3, "\\frac{1}{2}", "fraction_sum")
+    assert half["problem"].startswith("Q3\n\n") and half["problem"].endswith("give $m+n$ as the final answer.")
+
+
+def test_rewritten_problems_render_with_the_dapo_template_and_keep_lineage() -> None:
+    records = [
+        RawRecord("s", 0, "Find the area.", "6\\sqrt{2}"),
+        RawRecord("s", 1, "Find x.", "\\text{east}"),  # text: stays rejected with its reason
+        RawRecord("s", 2, "Find the area.", "8\\sqrt{2}"),  # same original text: rewritten texts coincide
+    ]
+    problems, rejected = curate_records([SourceRecords("s", records)], CurateConfig())
+    assert [(r["source_row"], r["reason_code"]) for r in rejected] == [
+        (0, "conflicting_answers"), (1, "text"), (2, "conflicting_answers")]  # 6+2 = 8 vs 8+2 = 10
+    problems, _ = curate_records([SourceRecords("s", records[:1])], CurateConfig())
+    (row,) = problems
+    assert (row["answer"], row["answer_rule"], row["original_answer"]) == (8, "radical_simple", "6\\sqrt{2}")
+    assert row["problem"] == ("Find the area.\n\nWrite the answer in the form $a\\sqrt{b}$, where $a$ and $b$ are "
+                              "positive integers and $b$ is not divisible by the square of any prime, and give "
+                              "$a+b$ as the final answer.")
+    assert row["prompt"] == DAPO_PROMPT_TEMPLATE.replace("{problem}", row["problem"])
+    assert row["problem_id"] == problem_id(row["problem"])
+
 
 
 @needs_data
@@ -119,21 +146,84 @@ def test_dapo_math_17k(tmp_path: Path) -> None:
     print(f"\ndapo-math-17k: {report.input_rows} rows -> kept {report.kept}; rejected {report.rejected_by_reason}")
 
 
+def _rederive(rule: str, original: str) -> int:
+    """The integer a rewrite rule asks for, derived again from the original answer with an
+    independent parser (latex2sympy2_extended, math-verify's) and sympy, not dapo_core.answer_rewrite."""
+    import math
+    import re
+    from fractions import Fraction
+
+    import sympy
+    from latex2sympy2_extended import latex2sympy
+
+    text = original.replace("\\in", "")
+    ints = [int(n) for n in re.findall(r"-?\d+", text)]
+    if rule in ("tuple_sum", "list_sum"):
+        return sum(ints)
+    if rule == "interval_sum":
+        assert len(ints) == 2 and ints[0] < ints[1]
+        return ints[0] + ints[1]
+    if rule == "base_digits":
+        digits, base = re.fullmatch(r"(\d+)_\{?(\d+)\}?", original).groups()
+        int(digits, int(base))  # raises unless every digit is below the base
+        return int(digits)
+    if rule == "decimal_scaled":
+        return int(Fraction(original) * 10 ** len(original.split(".")[1]))
+    braced = re.sub(r"\\frac\{(\d+)\}(\d)", r"\\frac{\1}{\2}", original)  # latex2sympy needs \frac{270}{7}
+    value = sympy.nsimplify(sympy.simplify(latex2sympy(braced).subs(sympy.Symbol("i"), sympy.I)))
+    if rule == "fraction_sum":
+        assert value.is_Rational and not value.is_Integer
+        return abs(int(value.p)) + int(value.q)
+    if rule == "complex_sum":
+        re_part, im_part = sympy.re(value), sympy.im(value)
+        assert re_part.is_Integer and im_part.is_Integer and im_part != 0
+        return int(re_part + im_part)
+    if rule.startswith("pi_"):
+        r1 = sympy.Rational(value.coeff(sympy.pi))
+        r0 = sympy.Rational(sympy.simplify(value - r1 * sympy.pi))
+        return int(r1) if rule == "pi_multiple" else abs(int(r1.p)) + int(r1.q) if rule == "pi_fraction" else int(r0 + r1)
+    # Radicals: the one square root in the value, its rational coefficient and the rational rest.
+    (root,) = {p for p in value.atoms(sympy.Pow) if p.exp == sympy.Rational(1, 2)}
+    radicand = int(root.base)
+    assert all(radicand % (k * k) for k in range(2, math.isqrt(radicand) + 1))  # square-free
+    r1 = sympy.Rational(sympy.expand(value).coeff(root))
+    r0 = sympy.Rational(sympy.simplify(value - r1 * root))
+    if rule == "radical_simple":
+        assert r0 == 0 and r1.q == 1
+        return abs(int(r1)) + radicand
+    if rule == "radical_fraction":
+        assert r0 == 0 and r1.q > 1
+        return abs(int(r1.p)) + radicand + int(r1.q)
+    d = math.lcm(int(r0.q), int(r1.q))
+    return int(r0 * d) + int(r1 * d) + radicand + (d if d > 1 else 0)
+
+
 @needs_data
 def test_math500_aime(tmp_path: Path) -> None:
     report = curate_sources([str(DATA / "math500-aime24-aime25.parquet")], tmp_path, CurateConfig())
     assert report.input_rows == 560 == report.kept + report.rejected
-    problems = read_shards(tmp_path / "problems", Problem)
-    for original, answer in zip(problems["original_answer"].to_pylist(), problems["answer"].to_pylist()):
-        assert int(original.replace(",", "").replace("^\\circ", "")) == answer
+    assert report.kept >= 480  # 391 without rewriting (issue 16)
+    problems = read_shards(tmp_path / "problems", Problem).to_pylist()
+    rewritten = [p for p in problems if p["answer_rule"] != "integer"]
+    for p in problems:
+        if p["answer_rule"] == "integer":
+            assert int(p["original_answer"].replace(",", "").replace("^\\circ", "")) == p["answer"]
+    for p in rewritten:  # every rewritten answer re-derived independently from the original answer
+        assert _rederive(p["answer_rule"], p["original_answer"]) == p["answer"], p
+        assert p["problem"].endswith("as the final answer.") and "\n\n" in p["problem"]
+        assert p["prompt"] == DAPO_PROMPT_TEMPLATE.replace("{problem}", p["problem"])
+    rules = Counter(p["answer_rule"] for p in rewritten)
+    assert len(rules) >= 10 and sum(rules.values()) == report.kept - report.kept_by_rule["integer"]
     rejected = read_shards(tmp_path / "rejected", RejectedProblem).to_pylist()
     assert all(r["reason_code"] and r["reason"] for r in rejected)
-    assert {"not_integer_fraction", "expression", "tuple", "interval"} <= set(report.rejected_by_reason)
-    fractions = [r["original_answer"] for r in rejected if r["reason_code"] == "not_integer_fraction"]
-    assert "\\frac{14}{3}" in fractions
-    print(f"\nmath500-aime24-aime25: kept {report.kept}, rejected by reason:")
+    # What must stay rejected does, with today's reasons.
+    assert {"text": 5, "choice": 3, "matrix": 7}.items() <= report.rejected_by_reason.items()
+    assert {r["original_answer"] for r in rejected} >= {"3\\pm2\\sqrt{2}", "864^2", "(2,\\infty)", "2k"}
+    print(f"\nmath500-aime24-aime25: kept {report.kept} (rewritten {len(rewritten)}); by rule:")
+    for rule, n in sorted(rules.items()):
+        print(f"  rewrite {rule:<21} {n}")
     for reason, n in report.rejected_by_reason.items():
-        print(f"  {reason:<22} {n}")
+        print(f"  reject  {reason:<21} {n}")
 
 
 @needs_data

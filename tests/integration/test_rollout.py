@@ -45,7 +45,7 @@ def problem_shard(workdir: Path) -> Path:
         rows.append({
             "problem_id": problem_id(text), "source": "synthetic", "source_row": i, "problem": text,
             "answer": answer, "original_answer": str(answer), "prompt": tiny_policy.render_prompt(text),
-            "split": "train",
+            "split": "train", "answer_rule": "integer",
         })
     return schemas.write_shard(rows, workdir / "problems" / "train-00000.parquet", schemas.Problem)
 

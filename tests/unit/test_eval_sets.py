@@ -50,7 +50,7 @@ def test_copies_collapse_into_one_problem_each(tmp_path: Path) -> None:
 def test_problem_shards_keep_their_prompts(tmp_path: Path) -> None:
     rows = [
         {"problem_id": problem_id(text), "source": "s", "source_row": i, "problem": text, "answer": ans,
-         "original_answer": str(ans), "prompt": f"{text}=\n", "split": "test"}
+         "original_answer": str(ans), "prompt": f"{text}=\n", "split": "test", "answer_rule": "integer"}
         for i, (text, ans) in enumerate([("1+2", 3), ("4-9", -5)])
     ]
     shard = tmp_path / "problems" / "test-00000.parquet"

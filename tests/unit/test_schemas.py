@@ -32,7 +32,7 @@ PID = "0123456789abcdef"
 
 def problem_row(**over: Any) -> dict[str, Any]:
     row = dict(problem_id=PID, source="synthetic", source_row=0, problem="37+5-18", answer=24,
-               original_answer="24", prompt="37+5-18=\n", split="train")
+               original_answer="24", prompt="37+5-18=\n", split="train", answer_rule="integer")
     return {**row, **over}
 
 
@@ -70,7 +70,7 @@ def metrics_row(**over: Any) -> dict[str, Any]:
 def test_arrow_schemas_match_the_architecture_contract() -> None:
     problem = arrow_schema(Problem)
     assert problem.names == ["problem_id", "source", "source_row", "problem", "answer",
-                             "original_answer", "prompt", "split"]
+                             "original_answer", "prompt", "split", "answer_rule"]
     assert problem.field("answer").type == pa.int64() and problem.field("source_row").type == pa.int64()
     rollout = arrow_schema(Rollout)
     assert rollout.field("prompt_token_ids").type == pa.list_(pa.int32())
