@@ -10,7 +10,7 @@ many copies it had; the evaluation then draws k samples of it, and k defaults to
 Raw files go through the curation code (tasks/curate.py: integer-answer conversion, the same
 ``problem_id``), so an evaluation problem and a curated training problem with the same text have
 the same id. A raw row whose answer cannot be converted cannot be scored: it is dropped and
-counted, with its reason, in ``EvalSet.rejected``.
+counted, with its reason, in ``EvalSet.rejected`` (raw evaluation rows are never rewritten).
 """
 
 from __future__ import annotations
@@ -97,7 +97,10 @@ def load_eval_set(paths: list[str], *, prompt_template: str = DAPO_PROMPT_TEMPLA
             continue
         sources = read_input(f"{path}@test")
         input_rows += sum(len(s.records) for s in sources)
-        kept, dropped = curate_records(sources, CurateConfig(prompt_template=prompt_template, dedup=True))
+        # No answer rewriting: an evaluation set is scored on its problems as published (a rewritten
+        # MATH-500 would not compare with reported numbers); curate it with rewriting to train on it.
+        config = CurateConfig(prompt_template=prompt_template, dedup=True, rewrite_answers=False)
+        kept, dropped = curate_records(sources, config)
         for row in kept:
             add(row["problem_id"], row["prompt"], row["answer"], f"{path} row {row['source_row']}")
         for row in dropped:
