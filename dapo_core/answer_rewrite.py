@@ -157,10 +157,13 @@ class _Parser:
             self.take("}")
             return value
         if token is not None and token.isdigit():
-            self.take()
-            if len(token) > 1:  # "\frac123" splits as 1, 2 then "3": refuse rather than guess
-                raise _ParseError(f"ambiguous unbraced argument {token!r}")
-            return sympy.Integer(int(token))
+            # One digit only, as TeX reads it: "\frac12" is 1/2; the rest stays for what follows
+            # ("\frac123" leaves "3", an implicit product with a number, which is refused).
+            if len(token) > 1:
+                self.tokens[self.pos] = token[1:]
+            else:
+                self.take()
+            return sympy.Integer(int(token[0]))
         raise _ParseError(f"bad argument {token!r}")
 
     def atom(self) -> sympy.Expr:
