@@ -37,6 +37,12 @@ def _flip(path: str, offset: int = 3) -> None:
         Path(path).write_bytes(bytes(data))
 
 
+def _sha(path: str) -> str:
+    """The first 16 hex digits of the sha256 recorded for the file ``path``."""
+    name = path.rpartition("/")[2]
+    return json.loads(run_store.read_text(digests.record_path(path)))["files"][name]["sha256"][:16]
+
+
 def _publish_checkpoint(uri: str, weights: bytes) -> None:
     with run_store.output(uri, folder=True) as local:
         local.mkdir(parents=True, exist_ok=True)
@@ -66,8 +72,7 @@ def test_check_names_missing_truncated_and_flipped_files(root: str) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(bytes(range(64)))
     _flip(shard)
-    assert digests.check(shard, deep=True) == [f"{shard}: damaged (sha256 differs from the recorded "
-                                                f"{json.loads(run_store.read_text(digests.record_path(shard)))['files']['round-00.parquet']['sha256'][:16]}...)"]
+    assert digests.check(shard, deep=True) == [f"{shard}: damaged (sha256 differs from the recorded {_sha(shard)}...)"]
     run_store.write_text(shard, "short")
     assert digests.check(shard) == [f"{shard}: damaged (5 bytes, 64 recorded)"]
     ckpt = run_store.join(root, "checkpoints", "step-0002")
@@ -165,8 +170,7 @@ def test_verify_reports_each_damaged_or_missing_file(root: str) -> None:
     run_store.remove(run_store.join(ckpt, "model.safetensors"))
     problems, _ = verify_run(root)
     assert problems == [f"{run_store.join(ckpt, 'model.safetensors')}: missing",
-                        f"{shard}: damaged (sha256 differs from the recorded "
-                        f"{json.loads(run_store.read_text(digests.record_path(shard)))['files']['batch.parquet']['sha256'][:16]}...)"]
+                        f"{shard}: damaged (sha256 differs from the recorded {_sha(shard)}...)"]
     # Deleting an output together with its record does not make the run look intact.
     digests.forget(ckpt)
     extra = run_store.join(root, "steps", "step-0001", "surplus.parquet")
