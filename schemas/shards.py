@@ -6,6 +6,10 @@ a reader can never see a partial or unvalidated file under the final name. ``rea
 validates again on the way in (exact types, no casting), so a shard written by anything else is
 checked at the stage boundary. Every failure is a ``ShardValidationError`` naming the file, the
 column and the first offending rows with their values.
+
+Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
+flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
+to plausible wrong values (a log-prob, a reward) that pass the schema.
 """
 
 from __future__ import annotations
@@ -232,7 +236,7 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
+            pq.write_table(table, handle, compression="zstd", write_page_checksum=True)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; shards are meant to be shared read-only
@@ -248,7 +252,7 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     """Read one Parquet shard and validate it as ``model`` (exact types, no casting)."""
     path = Path(path)
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except (OSError, pa.ArrowException) as err:
         raise ShardValidationError(str(path), model.__name__, [f"cannot read Parquet: {err}"]) from None
     schema = arrow_schema(model)

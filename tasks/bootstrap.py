@@ -247,7 +247,8 @@ def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, confi
     cache hit returns the path without rebuilding.
     """
     if not run_store.is_remote(out_dir):
-        return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
+        with run_store.output(out_dir, folder=True):  # records the published folder's digests
+            return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
     if not checkpoints.is_complete(out_dir):  # else published already
         source = config.source if config.source == "tiny" else str(run_store.fetch(config.source))
         with run_store.output(out_dir, folder=True) as local:

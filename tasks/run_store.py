@@ -139,6 +139,25 @@ def _find(uri: str) -> list[str]:
     return sorted(u for u in (_uri(scheme, k) for k in _fs(uri).find(prefix)) if u.startswith(prefix))
 
 
+def folder_files(uri: str) -> list[str]:
+    """Every object under the object-store folder ``uri``, as URIs."""
+    return _find(uri.rstrip("/"))
+
+
+def size(path: str | os.PathLike[str]) -> int:
+    """The size in bytes of the file at ``path``."""
+    if not is_remote(path):
+        return local_path(path).stat().st_size
+    return int(_fs(str(path)).size(str(path)))
+
+
+def open_binary(path: str | os.PathLike[str]) -> Any:
+    """A binary file object reading ``path`` (streamed from the store for a URI)."""
+    if not is_remote(path):
+        return local_path(path).open("rb")
+    return _fs(str(path)).open(str(path), "rb")
+
+
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
     if not is_remote(path):
         return local_path(path).read_bytes()
@@ -220,10 +239,14 @@ def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
 
     For a local ``path`` this yields the path itself (the stage code's own atomic writes apply).
     For a URI it yields the mirror location, cleared first, and uploads it afterwards: one
-    object for a file, or the folder with its marker last (``folder=True``).
+    object for a file, or the folder with its marker last (``folder=True``). Either way the
+    output's digest record is written last, beside it (tasks/digests.py).
     """
+    from tasks import digests  # imports this module
+
     if not is_remote(path):
         yield local_path(path)
+        digests.record(path)
         return
     local = local_path(path)
     if local.is_dir():
@@ -238,6 +261,7 @@ def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
         upload_file(local, str(path))
     else:
         raise RunStoreError(f"{path}: the stage wrote nothing to {local}")
+    digests.record(path, local)
 
 
 # ----------------------------------------------------------------------------- reads into the mirror

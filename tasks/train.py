@@ -478,7 +478,8 @@ def train_step_in_store(
     parent_local = run_store.fetch(checkpoint_dir)
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
-        return train_step(parent_local, shards, out_dir, step=step, config=config)
+        with run_store.output(out_dir, folder=True):  # records the published folder's digests
+            return train_step(parent_local, shards, out_dir, step=step, config=config)
     if checkpoints.is_complete(out_dir):
         # Uploaded before the task's result was recorded (killed in between): reuse it.
         return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks import checkpoints, run_store
+from tasks import checkpoints, digests, run_store
 from tasks.train import (
     TrainConfig,
     TrainStepError,
@@ -124,6 +124,8 @@ def train_step_as_rank(
         if remote:
             run_store.upload_folder(out_dir, out_uri, clear=False)  # rank 0's node, the marker last
             result = dataclasses.replace(result, checkpoint_dir=out_uri)
+        # Other nodes' files are recorded by size only (rank 0 holds no copy to hash).
+        digests.record(out_uri, out_dir)
         return result
     finally:
         if preparer:

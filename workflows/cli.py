@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("tasks.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
     "ablate": ("workflows.ablation", "the paper's ablation ladder (naive GRPO ... DAPO) over several seeds"),
     "lineage": ("workflows.lineage", "trace a training sample or checkpoint back to its origins"),
+    "verify": ("workflows.verify", "check every output of a run folder against its recorded digests"),
     "deploy": ("infra.deploy", "serialise every Flyte environment and task for a cluster (--dry-run)"),
 }
 

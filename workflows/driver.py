@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 import schemas
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
-from tasks import checkpoints, run_store
+from tasks import checkpoints, digests, run_store
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
-from tasks.rollout import rollout
+from tasks.rollout import manifest_path, rollout
 from tasks.score import group_keys_of, score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
@@ -33,6 +33,7 @@ from workflows.report import nan_to_none, write_report
 from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
 from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
+from workflows.verified_calls import call_verified
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
@@ -67,7 +68,8 @@ def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
 
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
-    text = await evaluate.aio(checkpoint, test_paths, str(layout.eval_shard(step)), step, cfg.evaluate, cfg.rollout)
+    out = str(layout.eval_shard(step))
+    text = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout)
     return {"step": step, **json.loads(text)}
 
 
@@ -116,7 +118,7 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
 async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
     drv = cfg.run
-    curated = await curate.aio(list(drv.data), str(layout.curate_dir), cfg.curate)
+    curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate)
     train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
     test_paths = run_store.glob(layout.problems_dir, "test-*.parquet")
     if not train_paths or not test_paths:
@@ -127,7 +129,8 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     # Before the step-0 policy is built: a pool too small for one step is a config error.
     check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
                     prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)
-    checkpoint = await bootstrap.aio(train_paths, test_paths, str(layout.checkpoint(0)), cfg.bootstrap)
+    checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
+                                     cfg.bootstrap)
     return {
         "checkpoint": checkpoint,
         "train_paths": train_paths,
@@ -182,7 +185,8 @@ class _PipelineStages:
         cfg, layout = self.cfg, self.layout
         rollout_path = str(layout.rollout_shard(step, generation_round))
         t = time.perf_counter()
-        await rollout.aio(
+        await call_verified(
+            rollout, [rollout_path, manifest_path(rollout_path)],
             self.checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
             derive_seed(cfg.run.seed, "rollout", step, generation_round), self.policy_step, generation_round,
         )
@@ -190,7 +194,8 @@ class _PipelineStages:
         scored_path = str(layout.scored_shard(step, generation_round))
         t = time.perf_counter()
         stats = json.loads(
-            await score.aio([rollout_path], self.train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score)
+            await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
+                                cfg.rollout.max_response_tokens, cfg.score)
         )
         stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
         return GeneratedRound(groups=_round_groups(scored_path, step), stats=stats)
@@ -203,12 +208,15 @@ class _PipelineStages:
             trained = _skipped_step(step, self.checkpoint)
         else:
             sources = sorted({ref.source for _, ref in [*result.kept, *result.surplus]})
-            await assemble_batch.aio(
+            batch_path, surplus_path = str(layout.batch_shard(step)), str(layout.surplus_shard(step))
+            await call_verified(
+                assemble_batch, [batch_path, surplus_path],
                 sources, [g for g, _ in result.kept], [g for g, _ in result.surplus],
-                str(layout.batch_shard(step)), str(layout.surplus_shard(step)),
+                batch_path, surplus_path,
             )
             trained = json.loads(
-                await train.aio(self.checkpoint, [str(layout.batch_shard(step))], str(layout.checkpoint(step)), step, cfg.train)
+                await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],
+                                    str(layout.checkpoint(step)), step, cfg.train)
             )
             self.checkpoint, self.policy_step = trained["checkpoint_dir"], step
         train_s = time.perf_counter() - t
@@ -228,7 +236,7 @@ class _PipelineStages:
 
     def _metrics_row(self, plan: StepPlan, trained: dict[str, Any], train_s: float) -> dict[str, Any]:
         path = self.layout.metrics_shard(plan.step)
-        if run_store.exists(path):
+        if run_store.exists(path) and not digests.check(path):
             # Written when this step first finished; a re-run (all cache hits) must not replace
             # its measured stage timings with the near-zero time of cache lookups.
             return schemas.read_shard(run_store.fetch(path), schemas.StepMetrics).to_pylist()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,3 +192,41 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     got = checkpoints.read_info(layout.checkpoint(2))
     assert got.checkpoint_id == ref.checkpoint_id  # same weights digest: training continued exactly
     assert checkpoints.weights_digest(layout.checkpoint(2)) == checkpoints.weights_digest(finished_run.checkpoint(2))
+
+
+def test_rerun_remakes_deleted_and_damaged_outputs(finished_run: RunLayout, run_root: Path) -> None:
+    """A deleted final checkpoint, a flipped batch shard and a truncated scored shard: a re-run
+    names them, makes them again and ends on a checkpoint that exists; `dapo verify` then passes."""
+    from tasks import digests
+    from workflows.verify import verify_run
+
+    layout = finished_run
+    t = time.perf_counter()
+    problems, checked = verify_run(layout.root)
+    assert problems == [] and checked > 0
+    print(f"\n[timing] dapo verify of the intact run: {checked} files, {time.perf_counter() - t:.2f} s", flush=True)
+    t = time.perf_counter()
+    _dapo_run(run_root, "ref")
+    print(f"[timing] intact cached re-run (with output checks): {time.perf_counter() - t:.1f} s", flush=True)
+
+    final = Path(layout.checkpoint(2))
+    shutil.rmtree(final)
+    batch = Path(layout.batch_shard(1))
+    data = bytearray(batch.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 4] = bytes(b ^ 0xFF for b in data[len(data) // 2:len(data) // 2 + 4])
+    batch.write_bytes(bytes(data))
+    scored = Path(layout.scored_shard(2, 0))
+    scored.write_bytes(scored.read_bytes()[:100])
+    verify = subprocess.run([*DAPO, "verify", str(layout.root)], cwd=REPO, env=_env(), capture_output=True, text=True)
+    assert verify.returncode == 1
+    for path in (final / checkpoints.METADATA_FILE, batch, scored):
+        assert str(path) in verify.stdout, verify.stdout
+
+    proc = _dapo_run(run_root, "ref")
+    for path in (final, batch, scored):
+        assert str(path) in proc.stderr  # the re-run names what it makes again
+    summary = json.loads(Path(layout.summary).read_text())
+    assert summary["final_checkpoint"] == str(final) and checkpoints.is_complete(final)
+    assert digests.check(final) == [] and digests.check(batch) == [] and digests.check(scored) == []
+    schemas.read_shard(batch, schemas.ScoredRollout)
+    assert subprocess.run([*DAPO, "verify", str(layout.root)], cwd=REPO, env=_env()).returncode == 0

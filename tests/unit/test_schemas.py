@@ -226,3 +226,30 @@ def test_write_is_byte_deterministic_and_read_shards_concatenates(tmp_path: Path
     assert read_shards([a, b], Problem).num_rows == 2
     with pytest.raises(FileNotFoundError, match="no \\*.parquet shards"):
         read_shards(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else tmp_path, Problem)
+
+
+def test_flipped_bytes_in_a_data_page_fail_the_read_naming_the_file(tmp_path: Path) -> None:
+    # 64 samples whose log-probs are all distinct; the shard is written by the stages' writer.
+    rows = [rollout_row(rollout_id=f"r{i}", sample_index=i, rollout_log_probs=[-0.01 * i, -0.02 * i - 1.0])
+            for i in range(64)]
+    path = write_shard(rows, tmp_path / "batch.parquet", Rollout)
+    intact = read_shard(path, Rollout)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(arrow_schema(Rollout).names.index("rollout_log_probs"))
+    start, end = column.data_page_offset, column.data_page_offset + column.total_compressed_size
+    good = path.read_bytes()
+    # Bit rot that still decodes: 4 flipped bytes somewhere in the log-probs page that a reader
+    # without page checksums turns into other, schema-valid values.
+    for offset in range(start + 16, end - 4):
+        damaged = bytearray(good)
+        damaged[offset:offset + 4] = bytes(b ^ 0xFF for b in damaged[offset:offset + 4])
+        path.write_bytes(bytes(damaged))
+        try:
+            decoded = pq.read_table(path)
+        except (OSError, pa.ArrowException):
+            continue
+        if not decoded.equals(intact):
+            break
+    else:
+        pytest.fail("no 4-byte flip in the page decodes to other values (test needs another column)")
+    with pytest.raises(ShardValidationError, match=r"batch\.parquet: .*\n.*cannot read Parquet.*(?i:checksum)"):
+        read_shard(path, Rollout)

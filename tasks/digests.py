@@ -1,0 +1,131 @@
+"""Content digests of published outputs, recorded beside each output and checked on demand.
+
+Every task output (a shard, a JSON manifest, a checkpoint folder) is published through
+``run_store.output``, which records the sha256 and size of each of its files in a *digest
+record* beside it: ``<output>.sha256.json`` (``round-00.parquet.sha256.json``,
+``checkpoints/step-0002.sha256.json``). A record is one small JSON file next to the output, so
+it works the same on a filesystem and in an object store, and it is written after the output
+(a crash in between leaves an output without a record, which counts as not verified).
+
+``check`` compares an output with its record: a missing record, a missing file, another size or
+(``deep``) another sha256 is a problem, named by file. The driver checks what each cached task
+call points to (workflows/verified_calls.py); ``dapo verify`` checks a whole run folder
+(workflows/verify.py). In an object store a shallow check compares sizes only (no download; the
+stores checksum objects themselves); ``deep=True`` downloads and hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tasks import run_store
+
+RECORD_SUFFIX = ".sha256.json"
+_CHUNK_BYTES = 1 << 20
+
+
+def record_path(path: str | os.PathLike[str]) -> str:
+    """The digest record of the output ``path`` (a file or a folder; a path or a URI)."""
+    return str(path).rstrip("/") + RECORD_SUFFIX
+
+
+def _parent_and_name(path: str | os.PathLike[str]) -> tuple[str, str]:
+    text = str(path).rstrip("/")
+    if run_store.is_remote(text):
+        parent, _, name = text.rpartition("/")
+        return parent, name
+    local = Path(run_store.local_path(text))
+    return str(local.parent), local.name
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 (hex) of a local file, read in 1 MiB chunks."""
+    with open(path, "rb") as handle:
+        return _sha256_of(handle)
+
+
+def describe(local: Path, name: str) -> dict[str, dict[str, Any]]:
+    """``{"<name>[/<relpath>]": {"bytes", "sha256"}}`` for the local file or folder ``local``."""
+    if local.is_file():
+        files = {name: local}
+    else:
+        files = {f"{name}/{p.relative_to(local).as_posix()}": p for p in sorted(local.rglob("*")) if p.is_file()}
+    return {key: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for key, p in files.items()}
+
+
+def record(path: str | os.PathLike[str], local: Path | None = None) -> dict[str, Any] | None:
+    """Write the digest record of the published output ``path`` from its local copy ``local``
+    (default: ``run_store.local_path(path)``); returns it, or None when there is nothing there.
+
+    For an object-store folder, files in the store that the local copy lacks (uploaded by other
+    nodes of a multi-node step) are recorded with their size only.
+    """
+    local = Path(local if local is not None else run_store.local_path(path))
+    _, name = _parent_and_name(path)
+    if not local.exists():
+        run_store.remove(record_path(path))
+        return None
+    files: dict[str, dict[str, Any]] = describe(local, name)
+    if run_store.is_remote(path) and local.is_dir():
+        for uri in run_store.folder_files(str(path)):
+            key = f"{name}/{uri[len(str(path).rstrip('/')) + 1:]}"
+            files.setdefault(key, {"bytes": run_store.size(uri), "sha256": None})
+    entry = {"output": name, "files": dict(sorted(files.items()))}
+    run_store.write_text(record_path(path), json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return entry
+
+
+def _actual_sha256(path: str) -> str:
+    if not run_store.is_remote(path):
+        return file_sha256(run_store.local_path(path))
+    with run_store.open_binary(path) as handle:
+        return _sha256_of(handle)
+
+
+def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str]:
+    """Problems of the output ``path`` against its record, one line per file (empty = intact).
+
+    ``deep`` (default: True for a local path, False for a URI) hashes every file; otherwise
+    existence and sizes are compared.
+    """
+    path = str(path).rstrip("/")
+    deep = not run_store.is_remote(path) if deep is None else deep
+    rec = record_path(path)
+    if not run_store.exists(rec):
+        if run_store.exists(path):
+            return [f"{path}: no digest record ({rec}); its content cannot be verified"]
+        return [f"{path}: missing (and no digest record {rec})"]
+    try:
+        files = json.loads(run_store.read_text(rec))["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{rec}: unreadable digest record: {err}"]
+    parent, _ = _parent_and_name(path)
+    problems = []
+    for key, want in files.items():
+        target = run_store.join(parent, key)
+        if not run_store.exists(target):
+            problems.append(f"{target}: missing")
+            continue
+        size = run_store.size(target)
+        if size != want["bytes"]:
+            problems.append(f"{target}: damaged ({size} bytes, {want['bytes']} recorded)")
+        elif deep and want.get("sha256") and _actual_sha256(target) != want["sha256"]:
+            problems.append(f"{target}: damaged (sha256 differs from the recorded {want['sha256'][:16]}...)")
+    return problems
+
+
+def forget(path: str | os.PathLike[str]) -> None:
+    """Delete the output ``path`` and its record (before it is made again)."""
+    run_store.remove(record_path(path))
+    run_store.remove(path)

@@ -1,0 +1,190 @@
+"""Digest records of published outputs, the driver's re-make of damaged cached outputs, `dapo verify`.
+
+Files and folders are published through ``run_store.output`` (as every task does), on a local
+folder and on fsspec's in-memory object store; damage is done by hand: a deleted file, a
+truncated shard, four flipped bytes (same size), a deleted checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks import digests, run_store
+from workflows.verified_calls import DamagedOutputError, call_verified
+from workflows.verify import verify_run
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "local":
+        return str(tmp_path / "run")
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "mirror"))
+    return f"memory://dapo-test/run-{uuid.uuid4().hex[:8]}"
+
+
+def _flip(path: str, offset: int = 3) -> None:
+    data = bytearray(run_store.read_bytes(path))
+    data[offset:offset + 4] = bytes(b ^ 0xFF for b in data[offset:offset + 4])
+    if run_store.is_remote(path):
+        run_store._fs(path).pipe_file(path, bytes(data))
+    else:
+        Path(path).write_bytes(bytes(data))
+
+
+def _sha(path: str) -> str:
+    """The first 16 hex digits of the sha256 recorded for the file ``path``."""
+    name = path.rpartition("/")[2]
+    return json.loads(run_store.read_text(digests.record_path(path)))["files"][name]["sha256"][:16]
+
+
+def _publish_checkpoint(uri: str, weights: bytes) -> None:
+    with run_store.output(uri, folder=True) as local:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / "model.safetensors").write_bytes(weights)
+        (local / run_store.FOLDER_MARKER).write_text('{"checkpoint_id": "x"}')
+
+
+def test_output_records_sha256_and_size_of_every_file(root: str) -> None:
+    shard = run_store.join(root, "steps", "batch.parquet")
+    with run_store.output(shard) as local:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(b"0123456789")
+    ckpt = run_store.join(root, "checkpoints", "step-0001")
+    _publish_checkpoint(ckpt, b"weights")
+    rec = json.loads(run_store.read_text(digests.record_path(shard)))
+    # sha256("0123456789"), worked out with `printf 0123456789 | sha256sum`
+    assert rec["files"] == {"batch.parquet": {"bytes": 10, "sha256":
+                            "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"}}
+    rec = json.loads(run_store.read_text(digests.record_path(ckpt)))
+    assert sorted(rec["files"]) == ["step-0001/dapo_checkpoint.json", "step-0001/model.safetensors"]
+    assert digests.check(shard) == [] and digests.check(ckpt, deep=True) == []
+
+
+def test_check_names_missing_truncated_and_flipped_files(root: str) -> None:
+    shard = run_store.join(root, "round-00.parquet")
+    with run_store.output(shard) as local:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(bytes(range(64)))
+    _flip(shard)
+    assert digests.check(shard, deep=True) == [f"{shard}: damaged (sha256 differs from the recorded {_sha(shard)}...)"]
+    run_store.write_text(shard, "short")
+    assert digests.check(shard) == [f"{shard}: damaged (5 bytes, 64 recorded)"]
+    ckpt = run_store.join(root, "checkpoints", "step-0002")
+    _publish_checkpoint(ckpt, b"weights")
+    run_store.remove(run_store.join(ckpt, "model.safetensors"))
+    assert digests.check(ckpt) == [f"{run_store.join(ckpt, 'model.safetensors')}: missing"]
+    run_store.remove(digests.record_path(ckpt))
+    assert "no digest record" in digests.check(ckpt)[0]
+
+
+class _FakeCachedTask:
+    """A cached task as the driver sees it: ``aio`` answers from its cache once it has an entry
+    (the body does not run), ``override(cache="disable")`` always runs the body."""
+
+    name = "tests.fake_stage"
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+        self.cache: dict[tuple[Any, ...], Any] = {}
+        self.body_runs = 0
+
+    async def aio(self, *args: Any) -> Any:
+        if args not in self.cache:
+            self.cache[args] = self._run(*args)
+        return self.cache[args]
+
+    def override(self, *, cache: str) -> Any:
+        assert cache == "disable"
+        outer = self
+
+        class _Uncached:
+            async def aio(self, *args: Any) -> Any:
+                return outer._run(*args)
+        return _Uncached()
+
+    def _run(self, *args: Any) -> Any:
+        self.body_runs += 1
+        return self.body(*args)
+
+
+def test_a_deleted_or_damaged_cached_checkpoint_is_made_again(root: str) -> None:
+    ckpt = run_store.join(root, "checkpoints", "step-0001")
+    task = _FakeCachedTask(lambda out: (_publish_checkpoint(out, b"weights"), out)[1])
+    assert asyncio.run(call_verified(task, [ckpt], ckpt)) == ckpt
+    assert task.body_runs == 1
+    assert asyncio.run(call_verified(task, [ckpt], ckpt)) == ckpt  # intact: a plain cache hit
+    assert task.body_runs == 1
+    run_store.remove(ckpt)  # the whole folder
+    assert asyncio.run(call_verified(task, [ckpt], ckpt)) == ckpt
+    assert task.body_runs == 2 and digests.check(ckpt, deep=True) == []
+    weights = run_store.join(ckpt, "model.safetensors")
+    run_store.write_text(weights, "weig")  # truncated
+    asyncio.run(call_verified(task, [ckpt], ckpt))
+    assert task.body_runs == 3 and run_store.read_bytes(weights) == b"weights"
+    _flip(weights, 0)  # same size: the driver hashes local files (an object store is checked by size)
+    asyncio.run(call_verified(task, [ckpt], ckpt))
+    assert task.body_runs == (4 if not run_store.is_remote(root) else 3)
+
+
+def test_an_output_that_cannot_be_made_again_is_an_error_naming_it(root: str) -> None:
+    shard = run_store.join(root, "batch.parquet")
+
+    def body(out: str) -> str:
+        if not run_store.exists(out):  # makes it only the first time
+            with run_store.output(out) as local:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                local.write_bytes(b"rows")
+        return out
+
+    task = _FakeCachedTask(body)
+    asyncio.run(call_verified(task, [shard], shard))
+    run_store.remove(digests.record_path(shard))
+    run_store.write_text(shard, "rows")  # replaced behind the pipeline's back: no record
+    task.body = lambda out: out  # the stage now writes nothing
+    with pytest.raises(DamagedOutputError, match=r"batch\.parquet: missing"):
+        asyncio.run(call_verified(task, [shard], shard))
+
+
+def _synthetic_run(root: str) -> tuple[str, str]:
+    run_store.write_text(run_store.join(root, "run.json"), "{}")
+    shard = run_store.join(root, "steps", "step-0001", "batch.parquet")
+    with run_store.output(shard) as local:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(bytes(range(200)))
+    ckpt = run_store.join(root, "checkpoints", "step-0001")
+    _publish_checkpoint(ckpt, b"weights")
+    run_store.write_text(run_store.join(root, "summary.json"), json.dumps({"final_checkpoint": ckpt}))
+    return shard, ckpt
+
+
+def test_verify_reports_each_damaged_or_missing_file(root: str) -> None:
+    shard, ckpt = _synthetic_run(root)
+    assert verify_run(root) == ([], 3)
+    _flip(shard, 100)
+    run_store.remove(run_store.join(ckpt, "model.safetensors"))
+    problems, _ = verify_run(root)
+    assert problems == [f"{run_store.join(ckpt, 'model.safetensors')}: missing",
+                        f"{shard}: damaged (sha256 differs from the recorded {_sha(shard)}...)"]
+    # Deleting an output together with its record does not make the run look intact.
+    digests.forget(ckpt)
+    extra = run_store.join(root, "steps", "step-0001", "surplus.parquet")
+    run_store.write_text(extra, "unrecorded")
+    problems, _ = verify_run(root)
+    assert f"{extra}: no digest record covers it" in problems
+    assert f"{ckpt}: the final checkpoint summary.json names is missing or incomplete" in problems
+
+
+def test_dapo_verify_exits_1_naming_the_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    shard, _ = _synthetic_run(str(tmp_path / "run"))
+    assert main(["verify", str(tmp_path / "run")]) == 0
+    Path(shard).write_bytes(b"truncated")
+    assert main(["verify", "run", "--run-root", str(tmp_path)]) == 1
+    assert f"{shard}: damaged (9 bytes, 200 recorded)" in capsys.readouterr().out

@@ -1,0 +1,46 @@
+"""Cached task calls whose outputs are checked against their digest records.
+
+Cache keys are the tasks' inputs, output paths included, not the outputs' contents: a cache hit
+returns what the task returned the first time, even when the shard or checkpoint it names was
+deleted or damaged since. So the driver calls every task through ``call_verified``, which checks
+each output the call publishes (tasks/digests.py) and, when one is missing, damaged or has no
+record, deletes that call's outputs and runs the task once more with its cache disabled for this
+call (``task.override(cache="disable")``: the body runs on the laptop and on a cluster alike).
+The re-made outputs land at the same paths with fresh records, so later re-runs hit the
+original cache entry and find them intact. What cannot be re-made is an error naming the files.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tasks import digests
+
+
+class DamagedOutputError(RuntimeError):
+    """A task's outputs are still missing or damaged after it ran again; names each file."""
+
+
+def damaged_outputs(outputs: Sequence[str]) -> list[str]:
+    """One line per missing or damaged file of ``outputs`` (empty when all are intact)."""
+    return [problem for path in outputs for problem in digests.check(path)]
+
+
+async def call_verified(task: Any, outputs: Sequence[str], *args: Any) -> Any:
+    """``await task.aio(*args)``, made again when the ``outputs`` it returns are not intact."""
+    result = await task.aio(*args)
+    problems = damaged_outputs(outputs)
+    if not problems:
+        return result
+    name = getattr(task, "short_name", None) or task.name
+    print(f"[verify] {name}: outputs not intact, making them again:\n  " + "\n  ".join(problems),
+          file=sys.stderr, flush=True)
+    for path in outputs:
+        digests.forget(path)
+    result = await task.override(cache="disable").aio(*args)
+    problems = damaged_outputs(outputs)
+    if problems:
+        raise DamagedOutputError(f"{name}: outputs still not intact after running again:\n  " + "\n  ".join(problems))
+    return result

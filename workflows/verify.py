@@ -1,0 +1,98 @@
+"""``dapo verify RUN``: check every output of a run folder against its digest record.
+
+Walks the run folder (a path or an object-store URI), checks each digest record
+(``<output>.sha256.json``, tasks/digests.py) against the files it names, and reports what is
+missing or damaged, one line per file. Shards and checkpoint files that no record covers, and a
+``summary.json`` whose final checkpoint is gone, are reported too: deleting an output together
+with its record must not make a run look intact. Exit status 1 when anything is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tasks import checkpoints, digests, run_store
+from workflows.run_layout import RunLayout
+
+# Written by the driver itself on every invocation (not task outputs): not recorded.
+_UNRECORDED = ("run.json", "summary.json")
+
+
+def _files_under(root: str) -> list[str]:
+    """Every file under the run folder, as names relative to it (hidden temp files skipped)."""
+    if run_store.is_remote(root):
+        prefix = root.rstrip("/") + "/"
+        names = [uri[len(prefix):] for uri in run_store.folder_files(root)]
+    else:
+        base = run_store.local_path(root)
+        names = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()]
+    return sorted(n for n in names if not any(part.startswith(".") for part in n.split("/")))
+
+
+def _needs_record(name: str) -> bool:
+    return name.endswith(".parquet") or name.startswith("checkpoints/")
+
+
+def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
+    """``(problems, files checked)`` of the run folder ``root``; no problems = intact."""
+    layout = RunLayout(root)
+    names = _files_under(layout.root)
+    records = [n for n in names if n.endswith(digests.RECORD_SUFFIX)]
+    problems: list[str] = []
+    covered: set[str] = set()
+    checked = 0
+    for rec in records:
+        output = rec[: -len(digests.RECORD_SUFFIX)]
+        parent = output.rpartition("/")[0]
+        problems += digests.check(run_store.join(layout.root, output), deep=deep)
+        try:
+            files = json.loads(run_store.read_text(run_store.join(layout.root, rec)))["files"]
+        except (ValueError, KeyError, TypeError):
+            continue  # reported by check
+        covered.update(f"{parent}/{key}" if parent else key for key in files)
+        checked += len(files)
+    for name in names:
+        if name in covered or name in _UNRECORDED or name.endswith(digests.RECORD_SUFFIX) or name.startswith("flyte/"):
+            continue
+        if _needs_record(name):
+            problems.append(f"{run_store.join(layout.root, name)}: no digest record covers it")
+    if run_store.exists(layout.summary):
+        final = json.loads(run_store.read_text(layout.summary)).get("final_checkpoint")
+        if final and not checkpoints.is_complete(final):
+            problems.append(f"{final}: the final checkpoint summary.json names is missing or incomplete")
+    return problems, checked
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", help="run folder (a path or an object-store URI), or a run name under --run-root")
+    parser.add_argument("--run-root", default="runs", help="where run names are looked up (default: %(default)s)")
+    parser.add_argument("--sizes-only", action="store_true",
+                        help="compare sizes, not sha256 (no download from an object store)")
+
+
+def _resolve(run: str, run_root: str) -> str:
+    for candidate in [run] if run_store.is_remote(run) else [run, run_store.join(run_root, run)]:
+        if run_store.exists(run_store.join(candidate, "run.json")):
+            return candidate if run_store.is_remote(candidate) else str(Path(candidate).resolve())
+    raise FileNotFoundError(f"{run!r}: not a run folder (no run.json here or under {run_root}/)")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Print one line per missing or damaged file; exit 1 if there is any."""
+    try:
+        root = _resolve(args.run, args.run_root)
+    except FileNotFoundError as err:
+        print(f"dapo verify: {err}", file=sys.stderr)
+        return 1
+    problems, checked = verify_run(root, deep=not args.sizes_only)
+    for line in problems:
+        print(line)
+    verdict = f"{len(problems)} problem(s)" if problems else "intact"
+    print(f"dapo verify: {root}: {checked} recorded file(s) checked, {verdict}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+__all__ = ["verify_run"]
