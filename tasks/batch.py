@@ -46,7 +46,8 @@ def assemble_tables(scored: pa.Table, kept_groups: list[str], surplus_groups: li
 
 
 def assemble_shards(
-    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str
+    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str,
+    upstream_digest: str = "",  # cache key of the scored shards' content (workflows/verified_calls.py)
 ) -> int:
     """Write the batch and surplus shards; returns the number of samples in the batch."""
     if not kept_groups:

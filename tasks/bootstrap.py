@@ -240,7 +240,8 @@ def bootstrap_policy(
 @cpu_env.task(
     cache=stage_cache("bootstrap", __name__)
 )
-def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, config: BootstrapConfig) -> str:
+def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, config: BootstrapConfig,
+              upstream_digest: str = "") -> str:  # upstream_digest: cache key of the problems' content
     """Flyte task: publish the step-0 checkpoint at ``out_dir`` and return its folder.
 
     ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a

@@ -268,8 +268,11 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
 @cpu_env.task(
     cache=stage_cache("curate", __name__)
 )
-def curate(inputs: list[str], out_dir: str, config: CurateConfig) -> CurateReport:
+def curate(inputs: list[str], out_dir: str, config: CurateConfig, upstream_digest: str = "") -> CurateReport:
     """Flyte task: curate ``inputs`` into Problem / RejectedProblem shards under ``out_dir``.
+
+    ``upstream_digest`` puts the input files' content into the cache key: a data file edited in
+    place is curated again.
 
     ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
     cache hit returns the report without rewriting it.

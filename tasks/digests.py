@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 from tasks import run_store
@@ -123,6 +124,27 @@ def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str
         elif deep and want.get("sha256") and _actual_sha256(target) != want["sha256"]:
             problems.append(f"{target}: damaged (sha256 differs from the recorded {want['sha256'][:16]}...)")
     return problems
+
+
+def upstream_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
+    """A digest of what the outputs ``paths`` hold: their digest records (16 hex chars).
+
+    Passed to a task as an input, it puts its inputs' content into the cache key (which otherwise
+    holds their paths only): an upstream stage that re-ran and wrote other content makes this one
+    run again, and the same content keeps the cache hit. A path without a record (a user's data
+    file) contributes its own sha256 when it is a local file, else its name.
+    """
+    digest = hashlib.sha256()
+    for path in paths:
+        rec = record_path(path)
+        if run_store.exists(rec):
+            digest.update(run_store.read_text(rec).encode())
+        elif not run_store.is_remote(path) and Path(path).is_file():
+            digest.update(file_sha256(Path(path)).encode())
+        else:
+            digest.update(f"unrecorded:{path}".encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
 
 
 def forget(path: str | os.PathLike[str]) -> None:

@@ -129,6 +129,7 @@ def evaluate(
     step: int,
     config: EvalConfig,
     engine_config: RolloutConfig,
+    upstream_digest: str = "",  # cache key of the checkpoint's and problems' content (workflows/verified_calls.py)
 ) -> str:
     """Flyte task: evaluate ``checkpoint_dir``; writes EvalResult to ``out_path``, returns the summary JSON."""
     with run_store.output(out_path) as local:

@@ -375,6 +375,7 @@ def rollout(
     seed: int,
     policy_version: int,
     generation_round: int,
+    upstream_digest: str = "",  # cache key of the checkpoint's and problems' content (workflows/verified_calls.py)
 ) -> str:
     """Flyte task: G samples for each of ``problem_ids`` into the Rollout shard ``out_path``.
 

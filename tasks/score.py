@@ -201,7 +201,8 @@ def score_shards(
     cache=stage_cache("score", __name__)
 )
 def score(
-    rollout_paths: list[str], problem_paths: list[str], out_path: str, max_response_tokens: int, config: ScoreConfig
+    rollout_paths: list[str], problem_paths: list[str], out_path: str, max_response_tokens: int, config: ScoreConfig,
+    upstream_digest: str = "",  # cache key of the inputs' content (workflows/verified_calls.py)
 ) -> str:
     """Flyte task: score Rollout shards into ``out_path``; returns the stats as JSON."""
     with run_store.output(out_path) as local:

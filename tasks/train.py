@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -44,7 +45,7 @@ from typing import Any
 
 from dapo_core.losses import AGGREGATIONS
 from infra.environments import stage_cache, train_env
-from tasks import checkpoints, run_store
+from tasks import checkpoints, digests, run_store
 from tasks import train_batch as tb
 from tasks import train_server
 from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
@@ -293,6 +294,29 @@ def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepRe
     return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
 
 
+def _batch_sha256(shards: Sequence[str | Path]) -> str:
+    """One sha256 over the batch shards' bytes, in order (what a published step was trained on)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(digests.file_sha256(Path(shard)).encode())
+    return digest.hexdigest()
+
+
+def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str) -> bool:
+    """True when the checkpoint published at ``out_dir`` was trained with ``config`` on that batch.
+
+    A re-run of a step reuses its published checkpoint only then; another config or other batch
+    content (an upstream stage re-made its shards) means the folder holds another step's result.
+    """
+    inputs = checkpoints.read_info(out_dir).inputs
+    return inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
+
+
+def _discard(out_dir: str | Path, why: str) -> None:
+    print(f"[train] {out_dir}: {why}; training the step again", file=sys.stderr, flush=True)
+    digests.forget(str(out_dir))
+
+
 def published_result(out_dir: str, *, step: int, parent_id: str) -> TrainStepResult:
     """``_finished_result`` of the checkpoint published at ``out_dir`` (a path or a URI, fetched
     into the mirror), named as given."""
@@ -378,8 +402,11 @@ def train_steps(
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     t_start = time.perf_counter()
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
+    batch_sha256 = _batch_sha256([s for _, shards in steps for s in shards])
     if checkpoints.is_complete(out_dir):
-        return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
+        if made_from(out_dir, config=config, batch_sha256=batch_sha256):
+            return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
+        _discard(out_dir, "published from another config or batch")
     batches_meta = _check_batches(steps, config)
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
@@ -435,6 +462,7 @@ def _publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float],
             "scored_shards": [run_store.source_name(s) for b in batches_meta for s in b["shards"]],
             "steps": [b["step"] for b in batches_meta],
             "config": asdict(config),
+            "batch_sha256": _batch_sha256([s for b in batches_meta for s in b["shards"]]),
             "resumed_optimizer_state": resume,
         },
     )
@@ -481,8 +509,11 @@ def train_step_in_store(
         with run_store.output(out_dir, folder=True):  # records the published folder's digests
             return train_step(parent_local, shards, out_dir, step=step, config=config)
     if checkpoints.is_complete(out_dir):
-        # Uploaded before the task's result was recorded (killed in between): reuse it.
-        return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
+        # Uploaded before the task's result was recorded (killed in between): reuse it if it was
+        # made from these inputs.
+        if made_from(run_store.fetch(out_dir), config=config, batch_sha256=_batch_sha256(shards)):
+            return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
+        _discard(out_dir, "published from another config or batch")
     with run_store.output(out_dir, folder=True) as local:
         result = train_step(parent_local, shards, local, step=step, config=config)
     return dataclasses.replace(result, checkpoint_dir=out_dir)
@@ -491,7 +522,8 @@ def train_step_in_store(
 @train_env.task(
     cache=stage_cache("train", __name__)
 )
-def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig) -> str:
+def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig,
+          upstream_digest: str = "") -> str:  # upstream_digest: cache key of the parent's and batch's content
     """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON.
 
     Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and

@@ -69,7 +69,8 @@ def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
     out = str(layout.eval_shard(step))
-    text = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout)
+    text = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
+                               upstream=[checkpoint, layout.curate_dir])
     return {"step": step, **json.loads(text)}
 
 
@@ -118,7 +119,8 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
 async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
     drv = cfg.run
-    curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate)
+    curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate,
+                                  upstream=[spec.rsplit("@", 1)[0] for spec in drv.data])
     train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
     test_paths = run_store.glob(layout.problems_dir, "test-*.parquet")
     if not train_paths or not test_paths:
@@ -130,7 +132,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
                     prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
-                                     cfg.bootstrap)
+                                     cfg.bootstrap, upstream=[layout.curate_dir])
     return {
         "checkpoint": checkpoint,
         "train_paths": train_paths,
@@ -189,13 +191,14 @@ class _PipelineStages:
             rollout, [rollout_path, manifest_path(rollout_path)],
             self.checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
             derive_seed(cfg.run.seed, "rollout", step, generation_round), self.policy_step, generation_round,
+            upstream=[self.checkpoint, layout.curate_dir],
         )
         rollout_s = time.perf_counter() - t
         scored_path = str(layout.scored_shard(step, generation_round))
         t = time.perf_counter()
         stats = json.loads(
             await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
-                                cfg.rollout.max_response_tokens, cfg.score)
+                                cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
         )
         stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
         return GeneratedRound(groups=_round_groups(scored_path, step), stats=stats)
@@ -212,11 +215,11 @@ class _PipelineStages:
             await call_verified(
                 assemble_batch, [batch_path, surplus_path],
                 sources, [g for g, _ in result.kept], [g for g, _ in result.surplus],
-                batch_path, surplus_path,
+                batch_path, surplus_path, upstream=sources,
             )
             trained = json.loads(
                 await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],
-                                    str(layout.checkpoint(step)), step, cfg.train)
+                                    str(layout.checkpoint(step)), step, cfg.train, upstream=[self.checkpoint, batch_path])
             )
             self.checkpoint, self.policy_step = trained["checkpoint_dir"], step
         train_s = time.perf_counter() - t

@@ -28,8 +28,15 @@ def damaged_outputs(outputs: Sequence[str]) -> list[str]:
     return [problem for path in outputs for problem in digests.check(path)]
 
 
-async def call_verified(task: Any, outputs: Sequence[str], *args: Any) -> Any:
-    """``await task.aio(*args)``, made again when the ``outputs`` it returns are not intact."""
+async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream: Sequence[str] = ()) -> Any:
+    """``await task.aio(*args, upstream_digest)``, made again when the ``outputs`` it returns are not intact.
+
+    ``upstream`` names the published outputs the call reads (shards, checkpoints, the curation
+    folder); their digest (``digests.upstream_digest``) is the task's last input, so the cache
+    key covers what they hold, not only where they are: when an upstream stage re-ran and wrote
+    something else, this call and every call downstream of it run again.
+    """
+    args = (*args, digests.upstream_digest(upstream))
     result = await task.aio(*args)
     problems = damaged_outputs(outputs)
     if not problems:

@@ -159,6 +159,31 @@ def test_rerun_of_a_published_step_returns_it_without_training(runs: dict) -> No
         train_step(runs["ck0"], [runs["shard1"]], runs["root"] / "A1", step=5, config=CONFIG)
 
 
+def test_a_published_step_from_another_config_or_batch_is_trained_again(runs: dict) -> None:
+    """Reuse compares what produced the step (config, batch content), not only step and parent."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    stale = runs["root"] / "A1-stale"
+    shutil.copytree(runs["A"].checkpoint_dir, stale)
+    other = replace(CONFIG, lr=CONFIG.lr * 2)
+    again = train_step(runs["ck0"], [runs["shard1"]], stale, step=1, config=other)
+    assert again.worker_metrics != [] and again.checkpoint_id != runs["A"].checkpoint_id
+    assert checkpoints.read_info(stale).inputs["config"]["lr"] == other.lr
+    shutil.rmtree(stale)
+    shutil.copytree(runs["A"].checkpoint_dir, stale)
+    changed = runs["root"] / "shard1-rescored.parquet"
+    table = pq.read_table(runs["shard1"])
+    column = table.schema.get_field_index("advantage")
+    table = table.set_column(column, "advantage", pc.negate(table.column("advantage")))
+    pq.write_table(table, changed)
+    again = train_step(runs["ck0"], [changed], stale, step=1, config=CONFIG)
+    assert again.worker_metrics != [] and again.checkpoint_id != runs["A"].checkpoint_id
+
+
 def test_two_processes_give_the_same_update(runs: dict) -> None:
     a, b = runs["A"], runs["B"]
     assert (b.worker_metrics[0]["world_size"], b.worker_metrics[0]["accumulation_steps"]) == (2, 2)

@@ -110,7 +110,7 @@ class _FakeCachedTask:
 
     def _run(self, *args: Any) -> Any:
         self.body_runs += 1
-        return self.body(*args)
+        return self.body(*args[:-1])  # the last input is the upstream digest: cache key only
 
 
 def test_a_deleted_or_damaged_cached_checkpoint_is_made_again(root: str) -> None:
@@ -188,3 +188,48 @@ def test_dapo_verify_exits_1_naming_the_damaged_file(tmp_path: Path, capsys: pyt
     Path(shard).write_bytes(b"truncated")
     assert main(["verify", "run", "--run-root", str(tmp_path)]) == 1
     assert f"{shard}: damaged (9 bytes, 200 recorded)" in capsys.readouterr().out
+
+
+def _write(out: str, content: bytes) -> str:
+    with run_store.output(out) as local:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(content)
+    return out
+
+
+def test_downstream_calls_run_again_when_upstream_content_changes_and_only_then(root: str) -> None:
+    """Cache keys hold paths; the upstream digest input adds what the upstream outputs hold."""
+    scored, batch = run_store.join(root, "scored.parquet"), run_store.join(root, "batch.parquet")
+    content = {"scored": b"rewards v1"}
+    upstream = _FakeCachedTask(lambda out: _write(out, content["scored"]))
+    downstream = _FakeCachedTask(lambda src, out: _write(out, run_store.read_bytes(src) + b" batched"))
+
+    def run_chain() -> None:
+        asyncio.run(call_verified(upstream, [scored], scored))
+        asyncio.run(call_verified(downstream, [batch], scored, batch, upstream=[scored]))
+
+    run_chain()
+    run_chain()  # nothing changed: both cache hits
+    assert (upstream.body_runs, downstream.body_runs) == (1, 1)
+    # The upstream stage re-ran with the same result (e.g. a comment edit changed its version).
+    asyncio.run(call_verified(upstream.override(cache="disable"), [scored], scored))
+    run_chain()
+    assert downstream.body_runs == 1
+    # The upstream stage re-ran and wrote something else into the same path.
+    content["scored"] = b"rewards v2"
+    asyncio.run(call_verified(upstream.override(cache="disable"), [scored], scored))
+    run_chain()
+    assert downstream.body_runs == 2 and run_store.read_bytes(batch) == b"rewards v2 batched"
+
+
+def test_the_upstream_digest_follows_content_not_paths(root: str, tmp_path) -> None:
+    a = _write(run_store.join(root, "a.parquet"), b"x")
+    before = digests.upstream_digest([a])
+    assert digests.upstream_digest([a]) == before
+    _write(a, b"y")
+    assert digests.upstream_digest([a]) != before
+    data = tmp_path / "problems.jsonl"  # a user's data file: no record, its own bytes count
+    data.write_text("1")
+    first = digests.upstream_digest([str(data), "synthetic:n=10"])
+    data.write_text("2")
+    assert digests.upstream_digest([str(data), "synthetic:n=10"]) != first
