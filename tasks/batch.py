@@ -46,8 +46,7 @@ def assemble_tables(scored: pa.Table, kept_groups: list[str], surplus_groups: li
 
 
 def assemble_shards(
-    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str,
-    upstream_digest: str = "",  # cache key of the scored shards' content (workflows/verified_calls.py)
+    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str
 ) -> int:
     """Write the batch and surplus shards; returns the number of samples in the batch."""
     if not kept_groups:
@@ -61,7 +60,8 @@ def assemble_shards(
 
 @cpu_env.task(cache=stage_cache("batch", __name__))
 def assemble_batch(
-    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str
+    scored_paths: list[str], kept_groups: list[str], surplus_groups: list[str], batch_path: str, surplus_path: str,
+    upstream_digest: str = "",  # cache key of the scored shards' content (workflows/verified_calls.py)
 ) -> int:
     """Flyte task: materialise one step's batch and surplus shards."""
     with run_store.output(batch_path) as batch_local, run_store.output(surplus_path) as surplus_local:

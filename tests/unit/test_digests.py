@@ -233,3 +233,19 @@ def test_the_upstream_digest_follows_content_not_paths(root: str, tmp_path) -> N
     first = digests.upstream_digest([str(data), "synthetic:n=10"])
     data.write_text("2")
     assert digests.upstream_digest([str(data), "synthetic:n=10"]) != first
+
+
+def test_every_stage_task_takes_the_upstream_digest_last() -> None:
+    """call_verified appends the digest as the last argument: each stage task must accept it there."""
+    import inspect
+
+    from tasks.batch import assemble_batch
+    from tasks.bootstrap import bootstrap
+    from tasks.curate import curate
+    from tasks.evaluate import evaluate
+    from tasks.rollout import rollout
+    from tasks.score import score
+    from tasks.train import train
+
+    for task in (curate, bootstrap, rollout, score, assemble_batch, train, evaluate):
+        assert list(inspect.signature(task.func).parameters)[-1] == "upstream_digest", task.name
