@@ -31,6 +31,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -393,7 +394,7 @@ def train_steps(
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
     staging = checkpoints.staging_dir(out_dir)
-    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-"))
+    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     try:
         spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
                             probe_input_ids=probe_input_ids, probe_path=probe_path)
@@ -539,3 +540,30 @@ def run_cli(args: argparse.Namespace) -> int:
     print(json.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings},
                      indent=2, sort_keys=True, default=str))
     return 0
+
+
+_TEMP_OWNER = re.compile(r"^dapo-train-.*pid(\d+)-")
+
+
+def clean_stale_temp_dirs(temp_root: str | Path | None = None) -> list[Path]:
+    """Delete ``dapo-train-*`` temp folders whose owner process is gone (a kill -9 leaves them).
+
+    Every such folder's name carries its owner's pid (``...-pid<N>-...``, see ``train_steps``
+    and tasks/train_server.py); folders of live pids and of unknown owner are left alone.
+    Returns the folders removed.
+    """
+    removed = []
+    for path in Path(temp_root or tempfile.gettempdir()).glob("dapo-train-*"):
+        match = _TEMP_OWNER.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # alive
+        except PermissionError:
+            continue  # alive, another user's
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
