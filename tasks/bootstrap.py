@@ -28,6 +28,7 @@ from typing import Any
 from infra.environments import cpu_env, stage_cache
 from tasks import checkpoints, run_store
 from tasks.threads import cpu_threads
+from tasks.config_checks import check_fields
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,27 @@ class BootstrapConfig:
     max_operand: int = 20
     synthetic_train_problems: int = 4096
     cpu_threads: int = 0  # torch threads for the warm-up; 0 = all cores this process may use
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "num_layers": (self.num_layers >= 1, "must be >= 1"),
+            "hidden_size": (self.hidden_size >= 1, "must be >= 1"),
+            "num_heads": (self.num_heads >= 1 and self.hidden_size % self.num_heads == 0,
+                          f"must be >= 1 and divide hidden_size={self.hidden_size}"),
+            "batch_size": (self.batch_size >= 1, "must be >= 1"),
+            "learning_rate": (self.learning_rate > 0, "must be > 0"),
+            "max_steps": (self.max_steps >= 0, "must be >= 0"),
+            "eval_every_steps": (self.eval_every_steps >= 1, "must be >= 1"),
+            "eval_problems": (self.eval_problems >= 1, "must be >= 1"),
+            "target_accuracy_low": (0 <= self.target_accuracy_low <= 1, "must be in [0, 1]"),
+            "target_accuracy_high": (self.target_accuracy_low <= self.target_accuracy_high <= 1,
+                                     f"must be in [target_accuracy_low={self.target_accuracy_low}, 1]"),
+            "min_terms": (self.min_terms >= 1, "must be >= 1"),
+            "max_terms": (self.max_terms >= self.min_terms, f"must be >= min_terms={self.min_terms}"),
+            "max_operand": (self.max_operand >= 1, "must be >= 1"),
+            "synthetic_train_problems": (self.synthetic_train_problems >= 1, "must be >= 1"),
+            "cpu_threads": (self.cpu_threads >= 0, "must be >= 0 (0 = all cores)"),
+        })
 
 
 class BootstrapError(RuntimeError):

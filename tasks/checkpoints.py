@@ -94,6 +94,18 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(fh.fileno())
 
 
+def _make_readable(folder: Path) -> None:
+    """Published checkpoints are shared read-only data: folders 0755, files 0644.
+
+    The staging folder comes from ``mkdtemp`` (0700) and some writers create 0600 files
+    (safetensors), which would keep other users and serving containers out.
+    """
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) -> Path:
     """Write the metadata into ``staging`` and rename it to ``final_dir`` atomically.
 
@@ -104,6 +116,7 @@ def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) ->
     """
     staging, final_dir = Path(staging), Path(final_dir)
     (staging / METADATA_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+    _make_readable(staging)
     _fsync_tree(staging)
     if final_dir.exists():
         if is_complete(final_dir):

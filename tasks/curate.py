@@ -45,6 +45,7 @@ from dapo_core.answer_rewrite import rewrite_answer
 from infra.environments import cpu_env, stage_cache
 from schemas import Problem, RejectedProblem, write_shard
 from tasks import run_store
+from tasks.config_checks import check_fields
 from tasks.readers import CurationError, RawRecord, SourceRecords, read_input
 
 __all__ = ["CurateConfig", "CurateReport", "CurationError", "curate", "curate_records", "curate_sources"]
@@ -72,6 +73,13 @@ class CurateConfig:
     rewrite_answers: bool = True
     """Rewrite fraction, decimal, radical, pi, complex, base, tuple, list and interval answers into
     integer-answer problems by rule (dapo_core.answer_rewrite, paper sec. 3.5); off: reject them."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "prompt_template": ("{problem}" in self.prompt_template, "must contain {problem}"),
+            "test_fraction": (0 <= self.test_fraction < 1, "must be in [0, 1)"),
+            "rows_per_shard": (self.rows_per_shard >= 1, "must be >= 1"),
+        })
 
 
 @dataclass(frozen=True)

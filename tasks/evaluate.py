@@ -22,6 +22,7 @@ from dapo_core.eval_metrics import pass_at_k, problem_outcome
 from dapo_core.rewards import score_responses
 from infra.environments import rollout_env, stage_cache
 from tasks import checkpoints, run_store
+from tasks.config_checks import check_fields
 from tasks.eval_sets import EvalProblem, load_eval_set
 from tasks.rollout import RolloutConfig, generate_rollouts
 
@@ -39,6 +40,16 @@ class EvalConfig:
     seed: int = 0  # sampling seed (per-request seeds derive from it)
     reward_timeout_s: float = 5.0  # wall-clock limit per verdict
     prompt_template: str = ""  # renders raw (non-Problem) input rows; "" = DAPO's template
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "samples_per_problem": (self.samples_per_problem >= 0, "must be >= 0 (0 = one per copy)"),
+            "temperature": (self.temperature > 0, "must be > 0"),
+            "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
+            "max_response_tokens": (self.max_response_tokens >= 1, "must be >= 1"),
+            "max_problems": (self.max_problems >= 0, "must be >= 0 (0 = all)"),
+            "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),
+        })
 
 
 def evaluate_checkpoint(

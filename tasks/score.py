@@ -27,6 +27,7 @@ from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdict
 from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
 from infra.environments import cpu_env, stage_cache
 from tasks import run_store
+from tasks.config_checks import check_fields
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,16 @@ class ScoreConfig:
     normalize_advantage_by_std: bool = True  # GRPO/DAPO (R-mean)/(std+eps); False = Dr.GRPO mean-only
     dynamic_sampling: bool = True  # keep only informative groups (sec. 3.2); False = every group is trained on
     informative_by: str = "accuracy"  # dynamic-sampling test: "accuracy" (0<correct<G, eq. 11) or "reward_std" (std>0)
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),
+            "reward_workers": (self.reward_workers >= 0, "must be >= 0 (0 = one per core)"),
+            "overlong_buffer_tokens": (self.overlong_buffer_tokens >= 1 or not self.soft_overlong_punishment,
+                                       "must be >= 1 with soft_overlong_punishment (L_cache of eq. 13)"),
+            "overlong_penalty_factor": (self.overlong_penalty_factor >= 0, "must be >= 0"),
+            "informative_by": (self.informative_by in ("accuracy", "reward_std"), "must be 'accuracy' or 'reward_std'"),
+        })
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,6 +47,7 @@ from typing import Any
 from dapo_core.losses import AGGREGATIONS
 from infra.environments import stage_cache, train_env
 from tasks import checkpoints, digests, run_store
+from tasks.config_checks import check_fields
 from tasks import train_batch as tb
 from tasks import train_server
 from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
@@ -97,24 +99,32 @@ class TrainConfig:
     keep_workers_warm: bool = True
 
     def __post_init__(self) -> None:
-        checks = {
-            "num_processes": self.num_processes >= 1,
-            "zero_stage": self.zero_stage in (1, 2, 3),
-            "precision": self.precision in ("fp32", "bf16"),
-            "micro_batch_samples": self.micro_batch_samples >= 1,
-            "updates_per_step": self.updates_per_step >= 1,
-            "lr": self.lr > 0,
-            "warmup_steps": self.warmup_steps >= 0,
-            "tis_cap": self.tis_cap is None or self.tis_cap > 0,
-            "dual_clip_c": self.dual_clip_c is None or self.dual_clip_c > 1,
-            "loss_agg": self.loss_agg in AGGREGATIONS,
-            "logprob_chunk_tokens": self.logprob_chunk_tokens >= 0,
-            "loss_norm_tokens": self.loss_norm_tokens > 0 if self.loss_agg == "seq-mean-token-sum-norm"
-            else self.loss_norm_tokens >= 0,
-        }
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ValueError(f"TrainConfig: invalid {', '.join(f'{b}={getattr(self, b)!r}' for b in bad)}")
+        check_fields(self, {
+            "num_processes": (self.num_processes >= 1, "must be >= 1"),
+            "zero_stage": (self.zero_stage in (1, 2, 3), "must be 1, 2 or 3"),
+            "precision": (self.precision in ("fp32", "bf16"), "must be 'fp32' or 'bf16'"),
+            "micro_batch_samples": (self.micro_batch_samples >= 1, "must be >= 1"),
+            "updates_per_step": (self.updates_per_step >= 1, "must be >= 1"),
+            "lr": (self.lr > 0, "must be > 0"),
+            "beta1": (0 <= self.beta1 < 1, "must be in [0, 1)"),
+            "beta2": (0 <= self.beta2 < 1, "must be in [0, 1)"),
+            "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
+            "adam_eps": (self.adam_eps > 0, "must be > 0"),
+            "warmup_steps": (self.warmup_steps >= 0, "must be >= 0"),
+            "grad_clip_norm": (self.grad_clip_norm >= 0, "must be >= 0 (0 = off)"),
+            # dapo_core/losses.py: the ratio floor 1 - eps_low must stay positive.
+            "eps_low": (0 <= self.eps_low < 1, "must be in [0, 1) (the ratio floor is 1 - eps_low)"),
+            # Clip-higher (sec. 3.1) only ever raises the ceiling; a lower one is a typo.
+            "eps_high": (self.eps_high >= self.eps_low, f"must be >= eps_low={self.eps_low} (clip-higher, sec. 3.1)"),
+            "tis_cap": (self.tis_cap is None or self.tis_cap > 0, "must be > 0 (or null = off)"),
+            "dual_clip_c": (self.dual_clip_c is None or self.dual_clip_c > 1, "must be > 1 (or null = off)"),
+            "loss_agg": (self.loss_agg in AGGREGATIONS, f"must be one of {list(AGGREGATIONS)}"),
+            "logprob_chunk_tokens": (self.logprob_chunk_tokens >= 0, "must be >= 0"),
+            "loss_norm_tokens": (self.loss_norm_tokens > 0 if self.loss_agg == "seq-mean-token-sum-norm"
+                                 else self.loss_norm_tokens >= 0,
+                                 "must be > 0 with loss_agg 'seq-mean-token-sum-norm' (else >= 0)"),
+            "timeout_s": (self.timeout_s > 0, "must be > 0"),
+        })
 
 
 class TrainStepError(RuntimeError):
@@ -411,7 +421,7 @@ def train_steps(
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
     staging = checkpoints.staging_dir(out_dir)
-    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-"))
+    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     try:
         spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
                             probe_input_ids=probe_input_ids, probe_path=probe_path)
@@ -563,3 +573,30 @@ def run_cli(args: argparse.Namespace) -> int:
     print(json.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings},
                      indent=2, sort_keys=True, default=str))
     return 0
+
+
+_TEMP_OWNER = re.compile(r"^dapo-train-.*pid(\d+)-")
+
+
+def clean_stale_temp_dirs(temp_root: str | Path | None = None) -> list[Path]:
+    """Delete ``dapo-train-*`` temp folders whose owner process is gone (a kill -9 leaves them).
+
+    Every such folder's name carries its owner's pid (``...-pid<N>-...``, see ``train_steps``
+    and tasks/train_server.py); folders of live pids and of unknown owner are left alone.
+    Returns the folders removed.
+    """
+    removed = []
+    for path in Path(temp_root or tempfile.gettempdir()).glob("dapo-train-*"):
+        match = _TEMP_OWNER.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # alive
+        except PermissionError:
+            continue  # alive, another user's
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -211,8 +211,8 @@ def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
 
 def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:
     """Launch torchrun in serve mode; returns at once (the first request waits for readiness)."""
-    serve_dir = Path(tempfile.mkdtemp(prefix="dapo-train-serve-"))
     owner = os.getpid()
+    serve_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-serve-pid{owner}-"))  # pid: see train.clean_stale_temp_dirs
     # metrics_path/error_path are per request in serve mode (result-N.json, error-N.txt.rankR).
     spec = {**engine_spec, "metrics_path": "", "error_path": "", "serve_dir": str(serve_dir), "owner_pid": owner, "owner_start_ticks": process_start_ticks(owner)}
     spec_path = serve_dir / "spec.json"

@@ -59,8 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if module is None:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
         return 2
+    from workflows.config import ConfigError
+
     try:
         return int(module.run_cli(args) or 0)
+    except ConfigError as err:
+        # A config mistake is the user's, not the code's: one line naming the file or --set
+        # and the field, no traceback, exit code 2 (as argparse does for bad arguments).
+        print(f"dapo {args.command}: config error: {err}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         sys.stderr.close()

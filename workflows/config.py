@@ -21,9 +21,14 @@ from typing import Any
 
 import yaml
 
+from tasks.config_checks import FieldError, check_fields
+
 
 class ConfigError(ValueError):
     """A run config is malformed; the message names the file and the field."""
+
+
+ON_MAX_ROUNDS = ("raise", "train_on_partial")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,19 @@ class DriverConfig:
     on_max_rounds: str = "train_on_partial"  # when rounds run out short: "raise", or "train_on_partial" (train on the groups found; none found: the step is skipped, policy kept, trained_groups=0)
     eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
     seed: int = 0  # root seed: problem order and every rollout seed derive from it
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "name": (bool(self.name) and "/" not in self.name and self.name not in (".", ".."),
+                     "must be a plain folder name (the run folder is <run_root>/<name>)"),
+            "data": (len(self.data) >= 1, "must list at least one input"),
+            "steps": (self.steps >= 0, "must be >= 0"),
+            "prompts_per_step": (self.prompts_per_step >= 1, "must be >= 1"),
+            "prompts_per_round": (self.prompts_per_round >= 1, "must be >= 1"),
+            "max_rounds": (self.max_rounds >= 1, "must be >= 1"),
+            "on_max_rounds": (self.on_max_rounds in ON_MAX_ROUNDS, f"must be one of {list(ON_MAX_ROUNDS)}"),
+            "eval_every_steps": (self.eval_every_steps >= 0, "must be >= 0 (0 = only before and after)"),
+        })
 
 
 def _stage_classes() -> dict[str, type]:
@@ -137,17 +155,33 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+def _build(cls: type, values: dict[str, Any], where: str, blame: dict[str, str] | None = None) -> Any:
+    """``cls(**values)`` with every value checked; ``blame`` maps a field to the ``--set`` that gave it.
+
+    ``where`` is ``"<file>: <section>"``; an error about a field set by ``--set`` names that
+    ``--set`` instead of the file.
+    """
+    blame = blame or {}
+    section = where.rpartition(": ")[2]
+
+    def at(name: str) -> str:
+        return f"--set {blame[name]}" if name in blame else f"{where}.{name}"
+
     if not isinstance(values, dict):
         raise ConfigError(f"{where}: expected a mapping of fields, got {values!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
+    for name in unknown:
+        if name in blame:
+            raise ConfigError(f"{at(name)}: unknown field {name!r} of {section}; known: {sorted(fields)}")
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {unknown}; known: {sorted(fields)}")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}") for k, v in values.items()}
+    kwargs = {k: _coerce(v, hints[k], at(k)) for k, v in values.items()}
     try:
         return cls(**kwargs)
+    except FieldError as err:
+        raise ConfigError(f"{at(err.field)}: {section}.{err}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from err
 
@@ -165,18 +199,46 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overrides: Sequence[str] = ()) -> RunConfig:
-    """Build a RunConfig from ``{section: {field: value}}`` (the YAML's shape, or ``RunConfig.to_dict()``)."""
+    """Build a RunConfig from ``{section: {field: value}}`` (the YAML's shape, or ``RunConfig.to_dict()``).
+
+    Every check that needs no data is done here, before any work starts: each stage
+    dataclass checks its own fields, and :func:`_check_run` the fields that only matter, or
+    only make sense together, in a training run.
+    """
     classes = _stage_classes()
     unknown = sorted(set(sections) - set(classes))
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(classes)}")
     merged = {name: dict(sections.get(name) or {}) for name in classes}
-    for section, fields in parse_overrides(overrides).items():
-        if section not in classes:
-            raise ConfigError(f"--set {section}.…: unknown section {section!r}; known: {sorted(classes)}")
-        merged[section].update(fields)
-    built = {name: _build(cls, merged[name], f"{source}: {name}") for name, cls in classes.items()}
-    return RunConfig(**built, source=source)
+    blame: dict[str, dict[str, str]] = {name: {} for name in classes}
+    for item in overrides:
+        for section, fields in parse_overrides([item]).items():
+            if section not in classes:
+                raise ConfigError(f"--set {item}: unknown section {section!r}; known: {sorted(classes)}")
+            merged[section].update(fields)
+            blame[section].update({field: item for field in fields})
+    built = {name: _build(cls, merged[name], f"{source}: {name}", blame[name]) for name, cls in classes.items()}
+    config = RunConfig(**built, source=source)
+    _check_run(config, source, blame)
+    return config
+
+
+def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]]) -> None:
+    """Checks across sections, and those that hold for training rollouts only (not for evaluation)."""
+
+    def fail(section: str, err: FieldError) -> None:
+        where = f"--set {blame[section][err.field]}" if err.field in blame[section] else f"{source}: {section}.{err.field}"
+        raise ConfigError(f"{where}: {section}.{err}")
+
+    try:
+        config.rollout.check_for_training()
+    except FieldError as err:
+        fail("rollout", err)
+    score, max_tokens = config.score, config.rollout.max_response_tokens
+    if score.soft_overlong_punishment and score.overlong_buffer_tokens > max_tokens:
+        # dapo_core/overlong.py: L_cache must fit inside L_max (eq. 13).
+        fail("score", FieldError("overlong_buffer_tokens", score.overlong_buffer_tokens,
+                                 f"must be <= rollout.max_response_tokens={max_tokens} (L_cache within L_max, eq. 13)"))
 
 
 def stage_config(section: str, config_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
@@ -195,7 +257,8 @@ def stage_config(section: str, config_path: str | Path | None = None, overrides:
     other = sorted(set(fields) - {section})
     if other:
         raise ConfigError(f"--set: only {section}.FIELD overrides apply here, got section(s) {other}")
-    return _build(classes[section], fields.get(section, {}), f"--set {section}")
+    blame = {field: item for item in qualified for field in parse_overrides([item]).get(section, {})}
+    return _build(classes[section], fields.get(section, {}), f"--set {section}", blame)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:

@@ -36,6 +36,15 @@ from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan
 from workflows.verified_calls import call_verified
 
 
+# Where the driver is, for the Ctrl-C message of `dapo run` (the driver runs in its process).
+PROGRESS: dict[str, str] = {}
+
+
+def _at(where: str) -> None:
+    PROGRESS["at"] = where
+    print(f"[run] {where} ...", flush=True)
+
+
 def _write_json(path: str, payload: dict[str, Any]) -> None:
     """Atomic (temp-then-rename, or one object PUT) JSON record in the run store."""
     run_store.write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
@@ -68,6 +77,7 @@ def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
 
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
+    PROGRESS["at"] = f"the evaluation of step {step}"
     out = str(layout.eval_shard(step))
     text = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
                                upstream=[checkpoint, layout.curate_dir])
@@ -119,6 +129,7 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
 async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
     drv = cfg.run
+    _at("curation")
     curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate,
                                   upstream=[spec.rsplit("@", 1)[0] for spec in drv.data])
     train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
@@ -131,6 +142,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     # Before the step-0 policy is built: a pool too small for one step is a config error.
     check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
                     prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)
+    _at("the step-0 policy (bootstrap warm-up)")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
                                      cfg.bootstrap, upstream=[layout.curate_dir])
     return {
@@ -186,6 +198,7 @@ class _PipelineStages:
     async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
         cfg, layout = self.cfg, self.layout
         rollout_path = str(layout.rollout_shard(step, generation_round))
+        PROGRESS["at"] = f"step {step}/{cfg.run.steps} (rollout round {generation_round})"
         t = time.perf_counter()
         await call_verified(
             rollout, [rollout_path, manifest_path(rollout_path)],
@@ -206,6 +219,7 @@ class _PipelineStages:
     async def train(self, plan: StepPlan) -> None:
         cfg, layout, step = self.cfg, self.layout, plan.step
         result = plan.result
+        PROGRESS["at"] = f"step {step}/{cfg.run.steps} (training)"
         t = time.perf_counter()
         if plan.skipped:
             trained = _skipped_step(step, self.checkpoint)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ import flyte
 
 from tasks import run_store
 from workflows.config import RunConfig, load_config
+from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
 from workflows.run_layout import RunLayout
 
 DEFAULT_RUN_ROOT = "runs"
@@ -68,25 +70,66 @@ def init_flyte_for_run(layout: RunLayout) -> Path:
     return path
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C stopped ``dapo run``; the message says what was interrupted."""
+
+
 def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
-    """Run (or resume) the whole pipeline through Flyte locally; returns the summary."""
-    from workflows.driver import dapo_pipeline
+    """Run (or resume) the whole pipeline through Flyte locally; returns the summary.
+
+    Before any work: takes the run folder's lock (one driver per folder) and refuses a folder
+    whose run.json records another config (workflows/run_binding.py). Ctrl-C stops the
+    workers and raises :class:`RunInterrupted`.
+    """
+    from tasks.train import clean_stale_temp_dirs
+    from workflows import driver
 
     if run_store.is_remote(run_root):
         layout = RunLayout(run_store.join(str(run_root), config.run.name))
     else:
         layout = RunLayout(Path(run_root).resolve() / config.run.name)
         Path(layout.root).mkdir(parents=True, exist_ok=True)
-    init_flyte_for_run(layout)
-    run = flyte.with_runcontext(mode="local").run(
-        dapo_pipeline,
-        config_json=json.dumps(config.to_dict(), sort_keys=True),
-        run_dir=str(layout.root),
-        config_source=config.source,
-    )
-    run.wait()
-    summary_text = run.outputs()[0] if isinstance(run.outputs(), tuple) else run.outputs()
+    # For an object-store root the lock is on this machine's mirror of the run folder.
+    with hold_run_folder(run_store.local_path(layout.root)):
+        record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
+        check_run_record(str(layout.root), record, config.to_dict())
+        clean_stale_temp_dirs()  # what a kill -9 of an earlier run left in the temp folder
+        try:
+            init_flyte_for_run(layout)
+            run = flyte.with_runcontext(mode="local").run(
+                driver.dapo_pipeline,
+                config_json=json.dumps(config.to_dict(), sort_keys=True),
+                run_dir=str(layout.root),
+                config_source=config.source,
+            )
+            run.wait()
+            outputs = run.outputs()
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
+            stop_workers()
+            raise RunInterrupted(f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
+                                 f"{layout.root}; nothing half-published: re-run the same command to resume") from None
+    summary_text = outputs[0] if isinstance(outputs, tuple) else outputs
     return json.loads(str(summary_text))
+
+
+def stop_workers() -> None:
+    """Kill this process's worker processes (warm DeepSpeed group, vLLM engine core) now.
+
+    Called on Ctrl-C, while a task thread may still hold the group's lock: kills without it.
+    """
+    from tasks import train_server, vllm_engine
+
+    group = train_server._active
+    if group is not None and group.owner_pid == os.getpid():
+        group.kill()
+    vllm_engine.clear_engine_cache()
+    me = os.getpid()
+    for pid in reversed(train_server.process_tree(me)[1:]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,7 +160,18 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
-    summary = run_pipeline(config, args.run_root)
+    try:
+        summary = run_pipeline(config, args.run_root)
+    except RunFolderError as err:
+        print(f"dapo run: {err}", file=sys.stderr)
+        return 2
+    except RunInterrupted as err:
+        print(f"\ndapo run: {err}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter shutdown: task threads and library atexit hooks would print pages of
+        # tracebacks about the workers just killed. Outputs are published atomically.
+        os._exit(130)
     print(format_summary(summary))
     return 0
 

@@ -1,0 +1,109 @@
+"""A run folder belongs to one config and one driver: the record check, the lock, and temp clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from workflows.run_binding import LOCK_FILE, RunFolderError, check_run_record, config_changes, hold_run_folder
+
+REPO = Path(__file__).resolve().parents[2]
+OLD = {"run": {"name": "r", "steps": 4, "data": ["synthetic:n=10"]}, "train": {"lr": 1e-4, "eps_high": 0.28}}
+
+
+def _with(section: str, field: str, value: object) -> dict:
+    new = json.loads(json.dumps(OLD))
+    new[section][field] = value
+    return new
+
+
+def test_same_config_resumes_and_tuples_equal_lists() -> None:
+    check_run_record("runs/r", {"config": OLD}, {**OLD, "run": {**OLD["run"], "data": ("synthetic:n=10",)}})
+    check_run_record("runs/r", None, OLD)  # a fresh folder
+
+
+def test_more_steps_is_a_resume_fewer_is_refused() -> None:
+    check_run_record("runs/r", {"config": OLD}, _with("run", "steps", 10))
+    with pytest.raises(RunFolderError, match=r"run\.steps 4 -> 2"):
+        check_run_record("runs/r", {"config": OLD}, _with("run", "steps", 2))
+
+
+def test_another_config_is_refused_naming_each_field() -> None:
+    new = _with("train", "lr", 2e-4)
+    new["train"]["eps_high"] = 0.2
+    assert config_changes(OLD, new) == [("train.eps_high", 0.28, 0.2), ("train.lr", 1e-4, 2e-4)]
+    with pytest.raises(RunFolderError) as info:
+        check_run_record("runs/r", {"config": OLD}, new)
+    message = str(info.value)
+    assert "train.eps_high 0.28 -> 0.2; train.lr 0.0001 -> 0.0002" in message
+    assert "--set run.name=" in message and "--run-root" in message and "\n" not in message
+
+
+_HOLDER = """
+import sys, time
+from workflows.run_binding import hold_run_folder
+with hold_run_folder(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_second_driver_is_refused_while_the_first_lives(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunFolderError) as info:
+            with hold_run_folder(tmp_path):
+                pass
+        assert f"run folder {tmp_path} is already in use by pid {holder.pid} on {socket.gethostname()} since " in str(info.value)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    # killed: the kernel dropped its lock; the record it left is taken over with a note
+    notes: list[str] = []
+    with hold_run_folder(tmp_path, note=notes.append):
+        record = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert record["pid"] == os.getpid()
+    assert len(notes) == 1 and f"stale lock of run folder {tmp_path} (pid {holder.pid}" in notes[0]
+    # released cleanly: the next holder takes it without a note
+    with hold_run_folder(tmp_path, note=notes.append):
+        pass
+    assert len(notes) == 1
+
+
+def test_stale_train_temp_folders_are_removed(tmp_path: Path) -> None:
+    from tasks.train import clean_stale_temp_dirs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path(tempfile.mkdtemp(prefix=f"dapo-train-3-pid{dead.pid}-", dir=tmp_path))
+    serve = Path(tempfile.mkdtemp(prefix=f"dapo-train-serve-pid{dead.pid}-", dir=tmp_path))
+    live = Path(tempfile.mkdtemp(prefix=f"dapo-train-3-pid{os.getpid()}-", dir=tmp_path))
+    unknown = Path(tempfile.mkdtemp(prefix="dapo-train-3-", dir=tmp_path))
+    assert sorted(clean_stale_temp_dirs(tmp_path)) == sorted([stale, serve])
+    assert live.is_dir() and unknown.is_dir() and not stale.exists()
+
+
+def test_published_checkpoint_files_are_world_readable(tmp_path: Path) -> None:
+    from tasks import checkpoints
+
+    final = tmp_path / "ckpt" / "step-1"
+    staging = checkpoints.staging_dir(final)
+    staging.chmod(0o700)
+    weights = staging / "model.safetensors"
+    weights.write_bytes(b"x")
+    weights.chmod(0o600)
+    info = checkpoints.CheckpointInfo(checkpoint_id="train-1-abc", step=1, parent_checkpoint_id=None, produced_by="train")
+    checkpoints.publish(staging, final, info)
+    assert (final / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert final.stat().st_mode & 0o777 == 0o755
+

@@ -1,0 +1,137 @@
+"""A run folder belongs to one resolved config and to one driver at a time.
+
+``run.json`` records the config a run folder was started with. A later ``dapo run`` into the
+same folder resumes it only when its config is the same; anything else would mix results of
+two configs in one folder (train reuses published checkpoints by step and parent), so it is
+refused before any work with the fields that differ. One change is a resume, not a new run:
+``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
+the config and the steps before it, so steps 1..N of a longer run are the steps of the
+shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
+and summary than the config would describe.
+
+:func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
+invocation, so two drivers never write one run folder; the holder's pid, host and start
+time are written inside for the refusal message. The kernel drops the lock when its process
+dies, so the lock of a killed run is free again; it is reported as taken over. For a run
+root in an object store the lock lives on the run's local mirror folder (tasks/run_store.py),
+which guards one machine only: drive an object-store run from one machine at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+LOCK_FILE = ".dapo-run.lock"
+# Fields that may differ between a run folder's record and a resuming config: field -> rule.
+RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)"}
+
+
+class RunFolderError(RuntimeError):
+    """The run folder cannot be used by this invocation; the message says why and what to do."""
+
+
+def _flatten(config: dict[str, Any]) -> dict[str, Any]:
+    return {f"{section}.{field}": value for section, fields in config.items() for field, value in fields.items()}
+
+
+def _same(a: Any, b: Any) -> bool:
+    # run.json is JSON: tuples read back as lists.
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(section.field, old, new)`` for every field that differs, in sorted order (``RunConfig.to_dict()`` shapes)."""
+    old, new = _flatten(recorded), _flatten(wanted)
+    return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if not _same(old.get(key), new.get(key))]
+
+
+def refusing_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The changes that make ``wanted`` a different run than ``recorded`` (empty: a resume)."""
+    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old}
+    return [(key, old, new) for key, old, new in config_changes(recorded, wanted)
+            if not (key in allowed and allowed[key](old, new))]
+
+
+def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[str, Any]) -> None:
+    """Raise :class:`RunFolderError` when ``run_dir``'s ``run.json`` (``record``) is of another config."""
+    if record is None or "config" not in record:
+        return
+    changes = refusing_changes(record["config"], wanted)
+    if changes:
+        listed = "; ".join(f"{key} {old!r} -> {new!r}" for key, old, new in changes)
+        raise RunFolderError(
+            f"run folder {run_dir} holds a run of another config ({listed}); "
+            "start a new run with --set run.name=NEW_NAME or another --run-root "
+            f"(resuming allows only: run.steps {RESUMABLE['run.steps']})"
+        )
+
+
+# ----------------------------------------------------------------------------- the lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _holder(text: str) -> dict[str, Any]:
+    try:
+        holder = json.loads(text)
+        return holder if isinstance(holder, dict) else {}
+    except ValueError:
+        return {}
+
+
+@contextlib.contextmanager
+def hold_run_folder(folder: str | os.PathLike[str], *, note=lambda line: print(line, file=sys.stderr)) -> Iterator[None]:
+    """Hold ``<folder>/.dapo-run.lock`` for the ``with`` block; :class:`RunFolderError` if another live driver does."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            pid, host = holder.get("pid", "?"), holder.get("host", "?")
+            dead = host == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid)
+            # A process forked by a killed driver can keep the inherited lock: say so.
+            hint = ("; that pid is gone but a process it started still holds the lock: stop it, then re-run" if dead
+                    else "; wait for it to finish or stop it (Ctrl-C), then re-run")
+            raise RunFolderError(
+                f"run folder {folder} is already in use by pid {pid} on {host} since {holder.get('since', '?')}{hint}"
+            ) from None
+        previous = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+        if previous and not previous.get("released"):
+            # flock is free, yet the record says held: that driver died without releasing it.
+            note(f"note: taking over the stale lock of run folder {folder} (pid {previous.get('pid')} on "
+                 f"{previous.get('host')} since {previous.get('since')} is no longer running)")
+        mine = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(mine) + "\n").encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps({**mine, "released": True}) + "\n").encode(), 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
