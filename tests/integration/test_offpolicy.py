@@ -56,6 +56,10 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     mixed = random_batch(2, 8, vocab=vocab, prefix="m")
     for i, r in enumerate(mixed):
         r["policy_version"] = PARENT_STEP - 2 if i % 2 == 0 else PARENT_STEP
+        if i % 2 == 0:
+            # The old policy's recorded log-probs, far from the parent's (~ -log 25 on the tiny
+            # vocabulary) on both sides: ratios ~e^2.7 (capped at 2) and ~e^-2.3.
+            r["rollout_log_probs"] = [-6.0 if t % 2 == 0 else -1.0 for t in range(len(r["response_token_ids"]))]
     return {"root": root, "parent": parent, "vocab": vocab,
             "fresh": write_scored(root / "fresh.parquet", fresh),
             "mixed": write_scored(root / "mixed.parquet", mixed)}
@@ -73,7 +77,7 @@ def test_stale_samples_are_corrected_and_recorded(setup: dict) -> None:
     m = auto.metrics
     assert m["policy_lag_max"] == 2 and m["policy_lag_mean"] == pytest.approx(1.0)
     assert m["stale_sample_fraction"] == pytest.approx(0.5)
-    # Random rollout log-probs in [-3, 0] vs the model's: weights far from 1, some capped at 2.
+    # Weights far from 1 on the stale samples, some truncated at the cap; fresh ones count 1.
     assert m["behaviour_weight_mean"] != pytest.approx(1.0, abs=1e-3)
     assert 0 < m["behaviour_weight_mean"] <= CONFIG.behaviour_weight_cap
     assert 0 < m["behaviour_weight_capped_fraction"] < 1
