@@ -7,12 +7,17 @@ leaked CUDA context) survives into the next step. Per process:
 1. **load** - join the process group (gloo on CPU, NCCL on GPU), load the parent HF checkpoint,
    wrap it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, warm-up, clipping) and,
    if the parent has one, restore its DeepSpeed state (Adam moments, update count, LR schedule).
-2. **old log-probs** - recompute pi_old's log-probs of every response token with the training
-   engine before the first update (as verl does): the rollout engine's numbers differ slightly
-   (kernels, precision), and the importance ratio of eq. 10 must be exactly 1 at the first update.
-   The rollout log-probs are kept to report the mismatch and, optionally, for truncated
-   importance sampling (TIS): each token's loss is multiplied by the detached weight
-   ``min(exp(old_lp - rollout_lp), cap)``.
+2. **old log-probs** - recompute the parent's log-probs of every response token with the training
+   engine before the first update (as verl does): this is the "pi_old" eq. 10 clips around, so its
+   ratio is exactly 1 at the first update. It is NOT the policy that generated the samples: the
+   rollout engine's numbers differ (kernels, precision), and a sample from an older checkpoint
+   (carried dynamic-sampling surplus, a pipelined rollout: ``policy_version`` < the parent's step)
+   came from another policy altogether. So, as in AReaL's decoupled PPO objective
+   (dapo_core/correction.py), the parent is the proximal policy of the clip, and each token's loss
+   is multiplied by the detached behaviour weight ``min(exp(old_lp - rollout_lp), cap)``:
+   ``behaviour_correction`` "auto" (default) on the samples with policy lag > 0 only (an on-policy
+   batch trains exactly as without correction), "always" on every sample (TIS), "off" never. The
+   policy lags, the rollout/trainer log-prob mismatch and the weights are reported per step.
 3. **updates** - shuffle the samples (seeded) into ``updates_per_step`` mini-batches (the paper:
    16 updates per rollout step, sec. 4.1), each split over ranks and into micro-batches; one
    optimizer update per mini-batch. The token-level loss (eq. 10 with the eq. 12 normaliser,
