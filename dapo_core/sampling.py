@@ -10,10 +10,12 @@ groups. This module holds the pure pieces:
   groups beyond the target as surplus for the next step (instead of throwing away paid-for
   generations), counts rounds and stops at ``max_rounds`` with an explicit outcome.
 
-Note on carried surplus: those groups were sampled by an earlier step's policy, so they are more
-off-policy than the rest of the batch. The driver records each kept group's policy lag (steps
-between generation and training, workflows/step_loop.py); surplus is always smaller than one
-round, so the lag is at most ``1 + (prompts_per_round - 2) // target_groups`` steps.
+Note on carried surplus: those groups may have been sampled by an earlier checkpoint than the one
+the step updates, so they are off-policy. The driver records each kept group's lag in steps
+(between generation and training, workflows/step_loop.py); surplus is always smaller than one
+round, so that lag is at most ``1 + (prompts_per_round - 2) // target_groups`` steps. Nothing here
+corrects for it: the trainer does, per sample from its recorded ``policy_version`` and rollout
+log-probs (decoupled PPO behaviour weights, dapo_core/correction.py; tasks/train_worker.py).
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def group_filter_reason(
 def group_key(problem_id: str, checkpoint_id: str, generation_round: int) -> str:
     """The id of a group: the G samples of one problem from one round of one checkpoint.
 
-    Unique within a step (a step never draws a problem twice, workflows/problem_order.py) and
-    across carried surplus (an earlier step's groups come from an earlier checkpoint).
+    Unique within a step, carried surplus included: a step never draws a problem twice, nor one
+    carried into it (workflows/problem_order.py). The checkpoint alone would not separate an
+    earlier step's groups: a skipped step (no informative group) keeps the policy.
     """
     return f"{problem_id}|{checkpoint_id}|{generation_round}"
 

@@ -8,6 +8,8 @@ shifts a real token), with per-token views over the response part:
   token, because DAPO's loss is a token-level sum (eq. 10, sec. 3.3);
 - ``rollout_log_probs``: the log-probs the rollout engine reported for the response tokens (kept
   to measure the rollout/trainer mismatch and for truncated importance sampling);
+- ``policy_versions``: per sample, the training step whose checkpoint generated it; the trainer
+  turns it into a policy lag against the checkpoint it updates (dapo_core/correction.py);
 - ``loss_mask``: response tokens that count in the loss. Samples cut by overlong filtering
   (``loss_masked``, paper sec. 3.4) stay in the batch with an all-False mask: they are seen but
   contribute no gradient and no tokens to the normaliser.
@@ -38,6 +40,7 @@ REQUIRED_COLUMNS = (
     "advantage",
     "loss_masked",
     "kept",
+    "policy_version",
 )
 # A sampled token's log-prob is <= 0; allow float rounding above it.
 _LOG_PROB_SLACK = 1e-4
@@ -58,6 +61,7 @@ class SampleRow:
     advantage: float
     loss_masked: bool  # overlong-filtered: no loss on any of its tokens (paper sec. 3.4)
     origin: str  # "<file>:row <i>", for error messages
+    policy_version: int  # the training step whose checkpoint generated it (Rollout.policy_version)
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class TrainBatch:
     rollout_log_probs: torch.Tensor  # [B, L] float32, rollout engine's log-probs, else 0
     loss_masked: torch.Tensor  # [B] bool, overlong-filtered samples
     rollout_ids: tuple[str, ...]  # [B]
+    policy_versions: torch.Tensor  # [B] int64, the step whose checkpoint generated each sample
 
     @property
     def num_samples(self) -> int:
@@ -112,6 +117,8 @@ def _check_row(row: dict[str, Any], origin: str) -> SampleRow:
         raise TrainBatchError(f"{where}: field 'advantage' is {advantage!r} (must be finite)")
     if min(prompt + response) < 0:
         raise TrainBatchError(f"{where}: negative token id")
+    if row["policy_version"] is None or int(row["policy_version"]) < 0:
+        raise TrainBatchError(f"{where}: field 'policy_version' is {row['policy_version']!r} (must be >= 0)")
     return SampleRow(
         rollout_id=str(rid),
         prompt_token_ids=prompt,
@@ -120,6 +127,7 @@ def _check_row(row: dict[str, Any], origin: str) -> SampleRow:
         advantage=float(advantage),
         loss_masked=bool(row["loss_masked"]),
         origin=origin,
+        policy_version=int(row["policy_version"]),
     )
 
 
@@ -220,6 +228,7 @@ def collate(rows: Sequence[SampleRow], *, pad_token_id: int) -> TrainBatch:
         rollout_log_probs=rollout_log_probs,
         loss_masked=loss_masked,
         rollout_ids=tuple(r.rollout_id for r in rows),
+        policy_versions=torch.tensor([r.policy_version for r in rows], dtype=torch.long),
     )
 
 
@@ -242,6 +251,7 @@ def select(batch: TrainBatch, index: Sequence[int]) -> TrainBatch:
         rollout_log_probs=batch.rollout_log_probs[idx, :width],
         loss_masked=batch.loss_masked[idx],
         rollout_ids=tuple(batch.rollout_ids[i] for i in idx.tolist()),
+        policy_versions=batch.policy_versions[idx],
     )
 
 

@@ -82,7 +82,7 @@ def train_step_as_rank(
     parent = checkpoints.read_info(checkpoint_dir)
     if checkpoints.is_complete(out_uri):
         return published_result(out_uri, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
-    batches_meta = _check_batches([(step, list(scored_shards))], config)
+    batches_meta = _check_batches([(step, list(scored_shards))], config, parent.step)
     resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)
     spec = tw.WorkerSpec.from_dict(

@@ -7,12 +7,17 @@ leaked CUDA context) survives into the next step. Per process:
 1. **load** - join the process group (gloo on CPU, NCCL on GPU), load the parent HF checkpoint,
    wrap it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, warm-up, clipping) and,
    if the parent has one, restore its DeepSpeed state (Adam moments, update count, LR schedule).
-2. **old log-probs** - recompute pi_old's log-probs of every response token with the training
-   engine before the first update (as verl does): the rollout engine's numbers differ slightly
-   (kernels, precision), and the importance ratio of eq. 10 must be exactly 1 at the first update.
-   The rollout log-probs are kept to report the mismatch and, optionally, for truncated
-   importance sampling (TIS): each token's loss is multiplied by the detached weight
-   ``min(exp(old_lp - rollout_lp), cap)``.
+2. **old log-probs** - recompute the parent's log-probs of every response token with the training
+   engine before the first update (as verl does): this is the "pi_old" eq. 10 clips around, so its
+   ratio is exactly 1 at the first update. It is NOT the policy that generated the samples: the
+   rollout engine's numbers differ (kernels, precision), and a sample from an older checkpoint
+   (carried dynamic-sampling surplus, a pipelined rollout: ``policy_version`` < the parent's step)
+   came from another policy altogether. So, as in AReaL's decoupled PPO objective
+   (dapo_core/correction.py), the parent is the proximal policy of the clip, and each token's loss
+   is multiplied by the detached behaviour weight ``min(exp(old_lp - rollout_lp), cap)``:
+   ``behaviour_correction`` "auto" (default) on the samples with policy lag > 0 only (an on-policy
+   batch trains exactly as without correction), "always" on every sample (TIS), "off" never. The
+   policy lags, the rollout/trainer log-prob mismatch and the weights are reported per step.
 3. **updates** - shuffle the samples (seeded) into ``updates_per_step`` mini-batches (the paper:
    16 updates per rollout step, sec. 4.1), each split over ranks and into micro-batches; one
    optimizer update per mini-batch. The token-level loss (eq. 10 with the eq. 12 normaliser,
@@ -62,6 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dapo_core.correction import behaviour_weights, policy_lags
 from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
@@ -104,7 +110,8 @@ class WorkerSpec:
     loss_agg: str
     loss_norm_tokens: int
     dual_clip_c: float | None
-    tis_cap: float | None
+    behaviour_correction: str  # "auto" | "always" | "off" (TrainConfig.behaviour_correction; tis_cap resolved)
+    behaviour_weight_cap: float
     seed: int
     save_ds_state: bool = True
     logprob_chunk_tokens: int = 0  # TrainConfig.logprob_chunk_tokens
@@ -272,13 +279,26 @@ class _StepRunner:
             entropy_sum = float((entropy * entropy_mask.to(self.device)).sum())
         return lp, entropy_sum
 
-    def run_step(self, step: int, shards: list[str]) -> dict[str, Any]:
+    def run_step(self, step: int, shards: list[str], parent_version: int) -> dict[str, Any]:
+        """One training step on ``shards``; ``parent_version`` is the step of the checkpoint being
+        updated (the proximal policy), against which each sample's policy lag is measured."""
         spec, device, W = self.spec, self.device, self.world_size
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         rows = tb.load_rows(shards)
         tb.check_trainable(rows, step=step)
         batch = tb.collate(rows, pad_token_id=self.pad_token_id)
+        try:
+            lags = policy_lags(batch.policy_versions, current_version=parent_version)  # [B]
+        except ValueError as err:
+            raise TrainStepFailure(f"step {step}: {err} (tasks/train.py refuses such batches before launch)") from err
+        stale = lags > 0
+        # Which samples get the behaviour weight (decoupled PPO, dapo_core/correction.py): keyed on
+        # each sample's policy lag, whatever made it stale (carried surplus, pipelined rollout).
+        # "auto" leaves on-policy samples at weight 1 and an all-fresh batch on the exact code path
+        # it had without correction; "always" weights every sample (TIS).
+        correct = {"always": True, "auto": bool(stale.any()), "off": False}[spec.behaviour_correction]
+        correct_samples = stale if spec.behaviour_correction == "auto" else None
         if spec.logprob_chunk_tokens:
             # Chunks per forward from the whole batch's width, which every rank knows: micro-batches
             # are trimmed to their own length, but under ZeRO-3 each head call is a collective
@@ -304,17 +324,29 @@ class _StepRunner:
         t0 = time.perf_counter()
         self.engine.eval()
         old_lp: list[list[torch.Tensor]] = []
-        # sums over this rank's real samples: |old - rollout|, response tokens, entropy, loss tokens
-        local = {"abs_delta": 0.0, "resp_tokens": 0.0, "entropy": 0.0, "loss_tokens": 0.0}
+        behav_w: list[list[torch.Tensor]] = []  # [m][j]: behaviour weights [b, l] when ``correct``
+        # sums over this rank's real samples: |old - rollout|, response tokens, entropy, loss tokens,
+        # behaviour weights and capped tokens over the loss tokens
+        local = {"abs_delta": 0.0, "resp_tokens": 0.0, "entropy": 0.0, "loss_tokens": 0.0, "weight_sum": 0.0,
+                 "capped": 0.0}
         max_delta = 0.0
         with torch.no_grad():
             for micro in plan:
-                row = []
+                row, w_row = [], []
                 for idx, weight in micro:
                     mb = tb.select(batch, idx)
                     lp, entropy_sum = self._forward_log_probs(mb, entropy_mask=mb.loss_mask if weight else None)
                     lp = lp.float().cpu()
                     row.append(lp)
+                    if correct:
+                        w, w_metrics = behaviour_weights(
+                            lp, mb.rollout_log_probs, mb.loss_mask, cap=spec.behaviour_weight_cap,
+                            sample_mask=None if correct_samples is None else correct_samples[list(idx)])
+                        w_row.append(w)
+                        n_w = float(w_metrics["num_tokens"]) * weight
+                        if n_w:
+                            local["weight_sum"] += float(w_metrics["weight_mean"]) * n_w
+                            local["capped"] += float(w_metrics["capped_frac"]) * n_w
                     if weight == 0.0:
                         continue
                     resp = mb.response_mask
@@ -326,8 +358,10 @@ class _StepRunner:
                     local["entropy"] += entropy_sum
                     local["loss_tokens"] += float(mb.loss_mask[:, 1:].sum())
                 old_lp.append(row)
-        abs_delta, resp_tokens, entropy_sum, loss_tokens = _all_reduce(
-            [local["abs_delta"], local["resp_tokens"], local["entropy"], local["loss_tokens"]]
+                behav_w.append(w_row)
+        abs_delta, resp_tokens, entropy_sum, loss_tokens, weight_sum, capped_tokens = _all_reduce(
+            [local["abs_delta"], local["resp_tokens"], local["entropy"], local["loss_tokens"], local["weight_sum"],
+             local["capped"]]
         )
         (max_delta,) = _all_reduce([max_delta], dist.ReduceOp.MAX)
         if loss_tokens == 0:
@@ -338,8 +372,7 @@ class _StepRunner:
         t0 = time.perf_counter()
         self.engine.train()
         scale = backward_scale(world_size=W, accumulation_steps=gas)
-        sums = {"loss": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0,
-                "tis_weight": 0.0}
+        sums = {"loss": 0.0, "clip_frac_low": 0.0, "clip_frac_high": 0.0, "dual_clip_frac": 0.0, "approx_kl": 0.0}
         grad_norms: list[float] = []
         lrs: list[float] = []
         updates = 0
@@ -372,13 +405,13 @@ class _StepRunner:
                 old = old_lp[m][j].to(device)
                 mask = mb.loss_mask.to(device)
                 advantages = mb.advantages.to(device)
-                if spec.tis_cap is not None:
-                    # Truncated importance sampling: weight = min(pi_old / pi_rollout, cap), detached.
-                    # A positive per-token weight on the loss equals scaling the advantage, because
-                    # eq. 10's max of the two clipped terms is positively homogeneous in A.
-                    tis = torch.clamp(torch.exp(old - mb.rollout_log_probs.to(device)), max=spec.tis_cap)
-                    advantages = advantages * tis
-                    sums["tis_weight"] += float((tis * mask).sum()) * weight
+                if correct:
+                    # Decoupled PPO (AReaL; dapo_core/correction.py): eq. 10 clips around pi_old = the
+                    # parent (proximal policy), and each token's loss is weighted by the detached
+                    # min(pi_old / pi_rollout, cap). A positive per-token weight on the loss equals
+                    # scaling the advantage: eq. 10's min/max of the clipped terms is positively
+                    # homogeneous in A (the dual clip too).
+                    advantages = advantages * behav_w[m][j].to(device)
                 loss, metrics = policy_loss(
                     lp.float(), old, advantages, mask,
                     eps_low=spec.eps_low, eps_high=spec.eps_high, dual_clip_c=spec.dual_clip_c,
@@ -422,7 +455,12 @@ class _StepRunner:
             "clip_frac_high": totals["clip_frac_high"] / total_update_tokens,
             "dual_clip_frac": totals["dual_clip_frac"] / total_update_tokens,
             "approx_kl": totals["approx_kl"] / total_update_tokens,
-            "tis_weight_mean": totals["tis_weight"] / total_update_tokens if spec.tis_cap is not None else float("nan"),
+            # Behaviour correction over the loss tokens (uncorrected samples count 1); NaN when off.
+            "behaviour_weight_mean": weight_sum / loss_tokens if correct else float("nan"),
+            "behaviour_weight_capped_fraction": capped_tokens / loss_tokens if correct else float("nan"),
+            "policy_lag_mean": float(lags.double().mean()),
+            "policy_lag_max": int(lags.max()),
+            "stale_sample_fraction": float(stale.double().mean()),
             "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
             "grad_norms": grad_norms,
             "lr": lrs[-1] if lrs else float("nan"),
@@ -521,7 +559,7 @@ def _run_request(runner: _StepRunner, spec: WorkerSpec, load_s: float,
     (one dict per step, ``extra`` added to each) atomically to ``spec.metrics_path``."""
     results = []
     for entry in spec.steps:
-        results.append(runner.run_step(int(entry["step"]), list(entry["shards"])))
+        results.append(runner.run_step(int(entry["step"]), list(entry["shards"]), int(entry["parent_version"])))
     if spec.probe_input_ids is not None:
         logits = runner.probe(spec.probe_input_ids)
         if runner.rank == 0 and spec.probe_path:

@@ -91,7 +91,9 @@ def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
     nan = math.nan
     return {"step": step, "checkpoint_id": ckpt_id, "parent_checkpoint_id": ckpt_id, "loss": nan, "entropy": nan,
             "clip_frac_low": nan, "clip_frac_high": nan, "dual_clip_frac": nan, "approx_kl": nan, "grad_norm": nan,
-            "lr": nan, "tokens": 0, "samples": 0, "masked_samples": 0}
+            "lr": nan, "tokens": 0, "samples": 0, "masked_samples": 0, "policy_lag_mean": nan, "policy_lag_max": 0,
+            "stale_sample_fraction": nan, "logprob_mismatch_mean_abs": nan, "logprob_mismatch_max_abs": nan,
+            "behaviour_weight_mean": nan, "behaviour_weight_capped_fraction": nan}
 
 
 def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: float) -> dict[str, Any]:

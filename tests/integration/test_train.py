@@ -146,9 +146,12 @@ def test_step_publishes_a_complete_checkpoint(runs: dict) -> None:
     # on it, and the ratio drift after 2 updates is small but positive.
     assert m["approx_kl"] > 0 and m["entropy"] > 0
     w = a.worker_metrics[0]
-    # Fixture rollout log-probs are random in [-3, 0]: a real mismatch, and TIS weights capped at 2.
+    # Fixture rollout log-probs are random in [-3, 0]: a real mismatch, and TIS weights capped at 2
+    # (tis_cap = behaviour correction "always"), recorded in StepMetrics.
     assert 0 < w["logprob_mismatch_mean_abs"] <= w["logprob_mismatch_max_abs"]
-    assert 0 < w["tis_weight_mean"] <= 2.0
+    assert 0 < w["behaviour_weight_mean"] <= 2.0
+    assert m["behaviour_weight_mean"] == pytest.approx(w["behaviour_weight_mean"])
+    assert (m["policy_lag_max"], m["stale_sample_fraction"]) == (0, 0.0)  # policy_version 0, parent step 0
 
 
 def test_rerun_of_a_published_step_returns_it_without_training(runs: dict) -> None:

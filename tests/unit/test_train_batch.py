@@ -21,7 +21,7 @@ from train_fixtures import random_batch, scored_row, write_scored  # noqa: E402
 def _row(rid: str, prompt: list[int], response: list[int], advantage: float, **kw) -> tb.SampleRow:
     log_probs = kw.pop("log_probs", [-0.5] * len(response))
     return tb.SampleRow(rid, tuple(prompt), tuple(response), tuple(log_probs), advantage,
-                        kw.pop("loss_masked", False), "test")
+                        kw.pop("loss_masked", False), "test", kw.pop("policy_version", 0))
 
 
 def test_collate_lays_out_prompt_and_response_right_padded() -> None:
