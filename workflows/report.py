@@ -174,7 +174,7 @@ def no_generation_steps(metrics: list[dict[str, Any]]) -> list[int]:
 def _new_axes(title: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = plt.subplots(figsize=_FIGSIZE_IN, dpi=_DPI)
     # fixed margins (room for a right-hand axis): tight_layout would draw every figure twice
-    fig.subplots_adjust(left=0.11, right=0.89, bottom=0.15, top=0.9)
+    fig.subplots_adjust(left=0.13, right=0.89, bottom=0.15, top=0.9)
     ax.set_title(title, fontsize=11)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
@@ -199,7 +199,7 @@ def _line_plot(metrics: list[dict[str, Any]], title: str, ylabel: str, series: l
         # markers: a missing value leaves a gap that would hide an isolated point of a plain line
         ax.plot(steps, _series(metrics, col, 100.0 if percent else 1.0), marker="o", ms=3, label=label)
     if percent:
-        ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+        ax.yaxis.set_major_formatter(PercentFormatter())
     if gaps:
         _mark_gaps(ax, gaps)
     if len(series) > 1 or gaps:
@@ -210,7 +210,7 @@ def _line_plot(metrics: list[dict[str, Any]], title: str, ylabel: str, series: l
 def _eval_plot(evals: list[dict[str, Any]]) -> Any | None:
     if not evals:
         return None
-    fig, ax = _new_axes("Held-out accuracy (95% interval)", "accuracy over problems (%)")
+    fig, ax = _new_axes("Held-out accuracy (95% interval)", "accuracy (%)")
     steps = [e["step"] for e in evals]
     avg = [100 * e["avg_at_k"] for e in evals]
     err = []
@@ -224,7 +224,7 @@ def _eval_plot(evals: list[dict[str, Any]]) -> Any | None:
     ax.errorbar(steps, avg, yerr=err, marker="o", capsize=3, label=f"avg@{k}")
     ax.plot(steps, [100 * e["pass_at_k"] for e in evals], marker="s", ls="--", label=f"pass@{k}")
     ax.set_ylim(0, 100)
-    ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    ax.yaxis.set_major_formatter(PercentFormatter())
     ax.legend(fontsize=8)
     return fig
 
