@@ -18,6 +18,7 @@ import flyte.report
 import pyarrow.compute as pc
 
 import schemas
+from dapo_core.intervals import paired_change
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
 from tasks import checkpoints, digests, run_store
@@ -29,7 +30,7 @@ from tasks.score import group_keys_of, score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
 from workflows.problem_order import check_pool_size
-from workflows.report import nan_to_none, write_report
+from workflows.report import eval_interval, nan_to_none, write_report
 from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
 from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
@@ -72,8 +73,26 @@ def _fmt3(value: float | None) -> str:
 
 def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
     table = schemas.read_shard(run_store.fetch(batch_path), schemas.ScoredRollout)
-    cols = ["problem_id", "response_text", "reward", "correct", "filter_reason", "response_length", "finish_reason"]
+    cols = ["rollout_id", "problem_id", "checkpoint_id", "policy_version", "generation_round", "response_text", "reward",
+            "correct", "filter_reason", "response_length", "finish_reason"]
     return table.select(cols).slice(0, count).to_pylist()
+
+
+def _held_out_intervals(layout: RunLayout, evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-evaluation 95% half-widths (added to ``evals``) and the paired interval of the change from
+    the first evaluation to the last, from the eval shards' per-problem avg@k."""
+    per_step = []
+    for e in evals:
+        rows = schemas.read_shard(run_store.fetch(layout.eval_shard(e["step"])), schemas.EvalResult).to_pylist()
+        per_problem = {r["problem_id"]: r["avg_at_k"] for r in rows}
+        e["avg_at_k_ci95_half"] = eval_interval(list(per_problem.values()))
+        per_step.append(per_problem)
+    common = sorted(set(per_step[0]) & set(per_step[-1]))
+    if len(evals) < 2 or len(common) < 2:
+        return {}
+    change, half = paired_change([per_step[0][p] for p in common], [per_step[-1][p] for p in common])
+    return {"accuracy_change": change, "accuracy_change_ci95": [change - half, change + half],
+            "accuracy_change_method": f"paired over the {len(common)} held-out problems (t interval of per-problem differences)"}
 
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
@@ -282,18 +301,22 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     if drv.steps > 0:
         evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, drv.steps))
 
+    intervals = _held_out_intervals(layout, evals)
     summary = {
+        "status": "finished",
         "run_dir": str(layout.root),
         "config": cfg.source,
         "config_digest": cfg.digest(),
         "steps": drv.steps,
+        "steps_done": len(metrics_rows),
         "accuracy_before": evals[0]["avg_at_k"],
         "accuracy_after": evals[-1]["avg_at_k"],
         "pass_at_k_before": evals[0]["pass_at_k"],
         "pass_at_k_after": evals[-1]["pass_at_k"],
         "eval_problems": evals[0]["problems"],
         "eval_k": evals[0]["k"],
-        "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "pass_at_k", "maj_at_k")} for e in evals],
+        **intervals,
+        "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "avg_at_k_ci95_half", "pass_at_k", "maj_at_k")} for e in evals],
         "final_checkpoint": checkpoint,
         "problems_train": prepared["problems_train"],
         "problems_test": prepared["problems_test"],

@@ -106,6 +106,22 @@ def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> No
     assert not [p for p in Path(layout.root).rglob("*") if ".staging-" in p.name or p.name.endswith(".tmp")]
 
 
+def test_report_page_of_a_real_run_in_chromium(finished_run: RunLayout, tmp_path: Path) -> None:
+    from tests.browser import HEIGHT, WIDTH, browser, inspect_page
+
+    summary = json.loads(Path(finished_run.summary).read_text())
+    # the paired interval over problems, from the eval shards (not the binomial fallback)
+    assert summary["accuracy_change_method"].startswith("paired over the 16 held-out problems")
+    lo, hi = summary["accuracy_change_ci95"]
+    assert lo <= summary["accuracy_after"] - summary["accuracy_before"] <= hi
+    with browser() as drv:
+        facts = inspect_page(drv, Path(finished_run.report_dir) / "index.html", tmp_path / "screens" / "run.png")
+    assert facts["scrollWidth"] <= WIDTH and facts["images"] > 0 and not facts["broken"]
+    assert not facts["console_errors"], facts["console_errors"]
+    for id_, key in [("hl-before", "accuracy_before"), ("hl-after", "accuracy_after"), ("hl-steps", "steps")]:
+        assert float(facts["pos"][id_]["value"]) == summary[key] and facts["pos"][id_]["top"] < HEIGHT
+
+
 def test_second_run_is_all_cache_hits(finished_run: RunLayout, run_root: Path) -> None:
     layout = finished_run
     before = {p: p.stat().st_mtime_ns for p in Path(layout.root).rglob("*.parquet")}

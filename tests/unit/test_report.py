@@ -1,8 +1,10 @@
-"""The run report: PNGs only for plots with data, a page that links them, an inline copy for Flyte."""
+"""The run report: PNGs only for plots with data, one self-contained page, its headline and formats."""
 
 from pathlib import Path
 
-from workflows.report import write_report
+import pytest
+
+from workflows.report import headline, integer, pct, pts, seconds, write_report
 
 
 def test_report_skips_empty_plots_and_tolerates_missing_values(tmp_path: Path) -> None:
@@ -18,9 +20,35 @@ def test_report_skips_empty_plots_and_tolerates_missing_values(tmp_path: Path) -
                                 samples=samples)
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     # no length/truncation/rounds/timings columns were given, so no such plots
-    assert pngs == ["clip.png", "entropy.png", "eval.png", "reward.png"]
+    assert pngs == ["accuracy.png", "clip.png", "entropy.png", "eval.png", "reward.png"]
     html = page.read_text()
-    assert all(f"src='{name}'" in html for name in pngs)
+    assert html == inline and html.count("src='data:image/png;base64,") == len(pngs)  # self-contained
     assert "Answer: &lt;3&gt;" in html  # response text is escaped
-    assert "data:image/png;base64," in inline and "src='reward.png'" not in inline
+    assert "http" not in html and "<script" not in html
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_formats_hand_worked() -> None:
+    assert pct(0.2897727272727273) == "29.0%" and pct(None) == "n/a" and pct(float("nan")) == "n/a"
+    assert pts(0.068) == "+6.8 pts" and pts(-0.0049) == "-0.5 pts"
+    assert seconds(12.345) == "12.3 s" and seconds(125) == "2 min 05 s" and seconds(4000) == "1 h 06 min 40 s"
+    assert integer(1234567) == "1,234,567"
+
+
+def test_headline_falls_back_to_binomial_interval_and_says_so() -> None:
+    summary = {"accuracy_before": 0.3, "accuracy_after": 0.4, "eval_problems": 100, "eval_k": 4, "steps": 5,
+               "pass_at_k_before": 0.5, "pass_at_k_after": 0.6}
+    h = headline(summary, [{"step": 1}, {"step": 2}])
+    # SE^2 = (0.3*0.7 + 0.4*0.6) / 400 = 0.001125; half = 1.96 * 0.03354 = 0.06574
+    assert h["change"] == pytest.approx(0.1)
+    assert h["change_ci95"] == pytest.approx([0.1 - 0.065740, 0.1 + 0.065740], abs=1e-5)
+    assert "binomial approximation" in h["change_method"]
+    assert (h["steps_done"], h["steps_planned"], h["status"]) == (2, 5, "finished")
+    paired = headline({**summary, "accuracy_change_ci95": [0.02, 0.18], "accuracy_change_method": "paired"}, [])
+    assert paired["change_ci95"] == [0.02, 0.18] and paired["change_method"] == "paired"
+
+
+def test_headline_status_running_with_eta_and_failed_stage() -> None:
+    running = headline({"status": "running", "steps": 10, "steps_done": 4, "step_seconds": [10, 20, 30, 20]}, [])
+    assert running["status"] == "running, step 4/10, ETA 2 min 00 s"  # 6 steps left x 20 s mean
+    assert headline({"status": "failed", "failed_stage": "train (step 3)"}, [])["status"] == "failed at train (step 3)"
