@@ -37,6 +37,8 @@ from decimal import Decimal
 
 import sympy
 
+from dapo_core.answers import balanced, strip_wrappers
+
 REWRITE_RULES: dict[str, str] = {
     "fraction_sum": "a non-integer rational p/q, written m/n in lowest terms: m+n",
     "decimal_scaled": "a decimal with k written places: the answer times 10^k",
@@ -204,41 +206,10 @@ def latex_value(text: str) -> sympy.Expr | None:
 
 # ----------------------------------------------------------------------------- normalisation
 
-_WRAPPERS = (
-    re.compile(r"^\$+(.*?)\$+$", re.S),
-    re.compile(r"^\\\((.*)\\\)$", re.S),
-    re.compile(r"^\\\[(.*)\\\]$", re.S),
-    re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S),
-    re.compile(r"^\\(?:text|textbf|mathrm|mbox)\s*\{(.*)\}$", re.S),
-)
-
-
-def _balanced(text: str, open_: str = "{", close: str = "}") -> bool:
-    depth = 0
-    for char in text:
-        depth += 1 if char == open_ else -1 if char == close else 0
-        if depth < 0:
-            return False
-    return depth == 0
-
-
 def _clean(raw: str) -> str:
-    """Strip math delimiters, \\boxed{}, \\text{}, outer braces, spacing and \\left/\\right."""
-    text = raw.replace("\u2212", "-").replace("{,}", ",")
-    for spacing in ("\\!", "\\,", "\\;", "\\left", "\\right", "\\displaystyle"):
-        text = text.replace(spacing, "")
-    changed = True
-    while changed:
-        changed = False
-        text = text.strip().rstrip(".").strip()
-        for pattern in _WRAPPERS:
-            match = pattern.match(text)
-            if match and _balanced(match.group(1)):
-                text, changed = match.group(1), True
-                break
-        if not changed and text.startswith("{") and text.endswith("}") and _balanced(text[1:-1]):
-            text, changed = text[1:-1], True
-    return text.replace(" ", "")
+    """Strip math delimiters, \\boxed{}, \\text{}, outer braces, spacing and \\left/\\right (as the
+    integer parser does, dapo_core.answers), then \\displaystyle and every space."""
+    return strip_wrappers(raw.replace("\\displaystyle", "")).replace(" ", "")
 
 
 # ----------------------------------------------------------------------------- rules
@@ -365,7 +336,7 @@ def _sequence(problem: str, text: str) -> Rewritten | None:
             return _with(problem, "interval_sum",
                          "The answer is an interval; give the sum of its two endpoints as the final answer.",
                          int(low) + int(high))
-    if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1], "(", ")"):
+    if text.startswith("(") and text.endswith(")") and balanced(text[1:-1], "(", ")"):
         entries = text[1:-1].split(",")
         if len(entries) < 2 or not all(_INT_RE.fullmatch(e) for e in entries):
             return None

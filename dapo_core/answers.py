@@ -197,16 +197,17 @@ _WRAPPERS = (
 _UNIT_SUFFIX_RE = re.compile(r"(?:\^\s*\{?\\circ\}?|°|\\%|%)$")
 
 
-def _balanced(text: str) -> bool:
+def balanced(text: str, open_: str = "{", close: str = "}") -> bool:
+    """True when every ``close`` in ``text`` matches an earlier ``open_`` and none is left open."""
     depth = 0
     for char in text:
-        depth += 1 if char == "{" else -1 if char == "}" else 0
+        depth += 1 if char == open_ else -1 if char == close else 0
         if depth < 0:
             return False
     return depth == 0
 
 
-def _strip_wrappers(text: str) -> str:
+def strip_wrappers(text: str) -> str:
     """Remove math-mode delimiters, \\boxed{}, \\text{}, outer braces and spacing commands."""
     text = text.replace("\u2212", "-").replace("\\!", "").replace("\\,", "").replace("\\;", "")
     text = text.replace("\\left", "").replace("\\right", "").replace("{,}", ",")
@@ -216,10 +217,10 @@ def _strip_wrappers(text: str) -> str:
         text = text.strip().rstrip(".").strip()
         for pattern in _WRAPPERS:
             match = pattern.match(text)
-            if match and _balanced(match.group(1)):
+            if match and balanced(match.group(1)):
                 text, changed = match.group(1), True
                 break
-        if not changed and text.startswith("{") and text.endswith("}") and _balanced(text[1:-1]):
+        if not changed and text.startswith("{") and text.endswith("}") and balanced(text[1:-1]):
             text, changed = text[1:-1], True
     return text
 
@@ -243,7 +244,7 @@ def to_integer_answer(raw: str | None) -> AnswerVerdict:
     """
     if raw is None or not raw.strip():
         return _reject("empty", "" if raw is None else raw)
-    text = _strip_wrappers(raw)
+    text = strip_wrappers(raw)
     text = _UNIT_SUFFIX_RE.sub("", text).strip()
     compact = text.replace(" ", "")
     if not compact:
@@ -286,7 +287,7 @@ def _classify_non_integer(compact: str, raw: str) -> AnswerVerdict:
         return _reject("choice", raw)
     if "," in compact or compact.startswith("\\{"):
         return _reject("tuple", raw)
-    plain = _strip_wrappers(compact)
+    plain = strip_wrappers(compact)
     if _TEXT_RE.fullmatch(plain) and len(plain) > 1:
         return _reject("text", raw)
     return _reject("expression", raw)
