@@ -49,6 +49,7 @@ REASON_CODES: dict[str, str] = {
     "expression": "a symbolic expression (radicals, pi, variables, complex numbers, ...)",
     "too_large": "an integer outside the int64 range",
     "missing_problem": "the problem text is missing or blank",
+    "problem_too_long": "the problem text is longer than curate.max_problem_chars",
     "missing_answer": "no final answer could be found in the row (no '####' line / no \\boxed{})",
     "bad_encoding": "the row's text is not valid UTF-8",
     "unparseable": "the row could not be parsed (malformed JSON line, wrong cell type, ...)",

@@ -70,6 +70,9 @@ class CurateConfig:
     answer_rewrites: tuple[str, ...] = ()
     """``module:function`` hooks tried before the built-in integer conversion (see dapo_core.answers.AnswerRewrite).
     This is also where a model-based rewriter would plug in; none ships, so it is off by default."""
+    max_problem_chars: int = 16_000
+    """Longer problems are rejected (``problem_too_long``) here, not when a rollout draws them and
+    its prompt overflows the model's context. DAPO-Math-17K's longest prompt is 3,398 characters."""
     rewrite_answers: bool = True
     """Rewrite fraction, decimal, radical, pi, complex, base, tuple, list and interval answers into
     integer-answer problems by rule (dapo_core.answer_rewrite, paper sec. 3.5); off: reject them."""
@@ -79,6 +82,7 @@ class CurateConfig:
             "prompt_template": ("{problem}" in self.prompt_template, "must contain {problem}"),
             "test_fraction": (0 <= self.test_fraction < 1, "must be in [0, 1)"),
             "rows_per_shard": (self.rows_per_shard >= 1, "must be >= 1"),
+            "max_problem_chars": (self.max_problem_chars >= 1, "must be >= 1"),
         })
 
 
@@ -150,6 +154,11 @@ def curate_records(
                 continue
             if record.problem is None or not record.problem.strip():
                 rejected.append(_rejected(record, "missing_problem", "the problem text is missing or blank"))
+                continue
+            if len(record.problem) > config.max_problem_chars:
+                rejected.append(_rejected(record, "problem_too_long", f"the problem has {len(record.problem):,} characters, "
+                                          f"more than curate.max_problem_chars={config.max_problem_chars:,}",
+                                          record.problem[:200]))
                 continue
             verdict = convert_problem_answer(record.problem, record.answer, rewrites)
             text, value = verdict.problem, verdict.value

@@ -261,3 +261,12 @@ def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert files_under(tmp_path / "cli") == files_under(tmp_path / "flyte")
     assert main(["curate", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "x")]) == 1
     assert "missing.parquet: no such file" in capsys.readouterr().err
+
+
+def test_a_problem_too_long_for_a_prompt_is_rejected_at_curation_not_when_drawn() -> None:
+    """A 5 MB problem used to pass curation and kill the run only when a rollout drew it."""
+    records = [RawRecord("s", 0, "What is 2+2?", "4"), RawRecord("s", 1, "x" * 5_000_000 + " What is 1+1?", "2")]
+    problems, rejected = curate_records([SourceRecords("s", records)], CurateConfig(test_fraction=0.0))
+    assert [p["source_row"] for p in problems] == [0]
+    assert [(r["source_row"], r["reason_code"]) for r in rejected] == [(1, "problem_too_long")]
+    assert "5,000,013 characters" in rejected[0]["reason"] and len(rejected[0]["problem"]) == 200
