@@ -541,40 +541,6 @@ GAS_CONFIG = replace(CONFIG, micro_batch_samples=2)
 GAS_BATCH_SIZES = (8, 12, 10)
 
 
-@pytest.mark.slow
-def test_warm_steps_equal_cold_steps_bitwise_when_the_batch_size_changes(ck0: Path, tmp_path: Path) -> None:
-    """With gradient accumulation > 1, a warm engine steps the optimizer on the same micro-batch as a
-    freshly built one, whatever the previous step's batch size.
-
-    Steps 2 and 3 continue in memory; each is re-run cold (a new engine) from the same parent, the
-    warm step before it (step 1 builds its engine like a cold launch: see the test above).
-    """
-    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
-    shards = [write_scored(tmp_path / f"batch{i}.parquet", random_batch(20 + i, n, vocab=vocab, max_response=6))
-              for i, n in enumerate(GAS_BATCH_SIZES, start=1)]
-    warm: list = []
-    train_server.stop_active()  # the first warm step must start the group
-    try:
-        for step, shard in enumerate(shards, start=1):
-            parent = warm[-1].checkpoint_dir if warm else ck0
-            warm.append(train_step(parent, [shard], tmp_path / f"w{step}", step=step, config=GAS_CONFIG))
-        group = train_server.active_group()
-        history = list(group.history) if group is not None else []
-    finally:
-        train_server.stop_active()
-    assert history == ["reloaded", "continued", "continued"]
-    assert [r.worker_metrics[0]["accumulation_steps"] for r in warm] == [2, 3, 3]
-    for step in (2, 3):
-        w = warm[step - 1]
-        c = train_step(warm[step - 2].checkpoint_dir, [shards[step - 1]], tmp_path / f"c{step}", step=step,
-                       config=replace(GAS_CONFIG, keep_workers_warm=False))
-        wm, cm = w.worker_metrics[0], c.worker_metrics[0]
-        assert wm["updates_done"] == cm["updates_done"] == 2 * step
-        assert _same_weights(w.checkpoint_dir, c.checkpoint_dir), step
-        assert same_state(optimizer_state(w.checkpoint_dir), optimizer_state(c.checkpoint_dir)) == [], step
-        assert wm["grad_norms"] == cm["grad_norms"], step
-
-
 def test_warm_group_reloads_a_parent_that_is_not_its_last_output(runs: dict, warm_vs_cold: dict) -> None:
     r, root = warm_vs_cold, warm_vs_cold["root"]
     group = train_server.active_group()
@@ -730,3 +696,39 @@ def test_exported_checkpoint_loads_in_vllm_with_the_same_log_probs(tmp_path: Pat
     with torch.no_grad():
         hf_lp = tb.token_log_probs(model(input_ids=torch.tensor([ids])).logits, torch.tensor([ids]))[0, 1:]
     assert torch.allclose(torch.tensor(vllm_lp), hf_lp, atol=1e-3)
+
+
+# Runs last: a step under another config (GAS_CONFIG) replaces the module's warm group, which
+# the tests above share through the warm_vs_cold fixture.
+@pytest.mark.slow
+def test_warm_steps_equal_cold_steps_bitwise_when_the_batch_size_changes(ck0: Path, tmp_path: Path) -> None:
+    """With gradient accumulation > 1, a warm engine steps the optimizer on the same micro-batch as a
+    freshly built one, whatever the previous step's batch size.
+
+    Steps 2 and 3 continue in memory; each is re-run cold (a new engine) from the same parent, the
+    warm step before it (step 1 builds its engine like a cold launch: see the test above).
+    """
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    shards = [write_scored(tmp_path / f"batch{i}.parquet", random_batch(20 + i, n, vocab=vocab, max_response=6))
+              for i, n in enumerate(GAS_BATCH_SIZES, start=1)]
+    warm: list = []
+    train_server.stop_active()  # the first warm step must start the group
+    try:
+        for step, shard in enumerate(shards, start=1):
+            parent = warm[-1].checkpoint_dir if warm else ck0
+            warm.append(train_step(parent, [shard], tmp_path / f"w{step}", step=step, config=GAS_CONFIG))
+        group = train_server.active_group()
+        history = list(group.history) if group is not None else []
+    finally:
+        train_server.stop_active()
+    assert history == ["reloaded", "continued", "continued"]
+    assert [r.worker_metrics[0]["accumulation_steps"] for r in warm] == [2, 3, 3]
+    for step in (2, 3):
+        w = warm[step - 1]
+        c = train_step(warm[step - 2].checkpoint_dir, [shards[step - 1]], tmp_path / f"c{step}", step=step,
+                       config=replace(GAS_CONFIG, keep_workers_warm=False))
+        wm, cm = w.worker_metrics[0], c.worker_metrics[0]
+        assert wm["updates_done"] == cm["updates_done"] == 2 * step
+        assert _same_weights(w.checkpoint_dir, c.checkpoint_dir), step
+        assert same_state(optimizer_state(w.checkpoint_dir), optimizer_state(c.checkpoint_dir)) == [], step
+        assert wm["grad_norms"] == cm["grad_norms"], step
