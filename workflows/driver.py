@@ -15,6 +15,7 @@ from typing import Any
 
 import flyte
 import flyte.report
+import pyarrow as pa
 import pyarrow.compute as pc
 
 import schemas
@@ -104,15 +105,17 @@ async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_pat
 
 
 def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
-    """The train columns of a step that found no informative group: nothing trained, policy kept."""
+    """The train columns of a step that found no informative group: nothing trained, policy kept.
+
+    Every StepMetrics column is NaN (floats) or 0 (counts), from the schema itself; ``_step_row``
+    then fills what rollout, scoring and sampling measured.
+    """
     meta = run_store.fetch(run_store.join(checkpoint, checkpoints.METADATA_FILE))
     ckpt_id = checkpoints.read_info(meta.parent).checkpoint_id
-    nan = math.nan
-    return {"step": step, "checkpoint_id": ckpt_id, "parent_checkpoint_id": ckpt_id, "loss": nan, "entropy": nan,
-            "clip_frac_low": nan, "clip_frac_high": nan, "dual_clip_frac": nan, "approx_kl": nan, "grad_norm": nan,
-            "lr": nan, "tokens": 0, "samples": 0, "masked_samples": 0, "policy_lag_mean": nan, "policy_lag_max": 0,
-            "stale_sample_fraction": nan, "logprob_mismatch_mean_abs": nan, "logprob_mismatch_max_abs": nan,
-            "behaviour_weight_mean": nan, "behaviour_weight_capped_fraction": nan}
+    row: dict[str, Any] = {f.name: 0 if pa.types.is_integer(f.type) else math.nan
+                           for f in schemas.arrow_schema(schemas.StepMetrics)}
+    row.update(step=step, checkpoint_id=ckpt_id, parent_checkpoint_id=ckpt_id)
+    return row
 
 
 def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: float) -> dict[str, Any]:
