@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from schemas.disk_space import writing
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
 ShardData = pa.Table | pd.DataFrame | list[dict[str, Any]]
@@ -235,7 +236,7 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with writing(path, f"{model.__name__} shard"), os.fdopen(fd, "wb") as handle:
             pq.write_table(table, handle, compression="zstd", write_page_checksum=True)
             handle.flush()
             os.fsync(handle.fileno())

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.disk_space import writing
 from tasks import run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
@@ -115,9 +116,10 @@ def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) ->
     ``final_dir`` (not possible through this function, but left by hand) is replaced.
     """
     staging, final_dir = Path(staging), Path(final_dir)
-    (staging / METADATA_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
-    _make_readable(staging)
-    _fsync_tree(staging)
+    with writing(final_dir, "the checkpoint"):
+        (staging / METADATA_FILE).write_text(json.dumps(asdict(info), indent=2, sort_keys=True) + "\n")
+        _make_readable(staging)
+        _fsync_tree(staging)
     if final_dir.exists():
         if is_complete(final_dir):
             existing = read_info(final_dir)

@@ -35,6 +35,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from schemas.disk_space import writing
+
 MIRROR_ENV = "DAPO_MIRROR_DIR"
 FOLDER_MARKER = "dapo_checkpoint.json"  # = tasks.checkpoints.METADATA_FILE (kept import-free)
 
@@ -177,8 +179,13 @@ def read_text(path: str | os.PathLike[str]) -> str:
 def _write_local_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    try:
+        with writing(path, "a file"):
+            tmp.write_bytes(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

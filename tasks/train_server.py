@@ -276,6 +276,23 @@ def discard(group: WorkerGroup) -> None:
             _active = None
 
 
+_stopping = threading.Event()  # set on Ctrl-C: this process starts no more training workers
+
+
+def stop_now() -> None:
+    """Ctrl-C: kill this process's group now (without its lock: a task thread may hold it) and
+    start no other, so a step interrupted mid-update is not re-run by a cold launch."""
+    _stopping.set()
+    group = _active
+    if group is not None and group.owner_pid == os.getpid():
+        group.kill()
+
+
+def stopping() -> bool:
+    """True once :func:`stop_now` was called in this process."""
+    return _stopping.is_set()
+
+
 def stop_active() -> None:
     """Stop this process's warm group, if any (also registered with atexit)."""
     global _active

@@ -71,6 +71,7 @@ from dapo_core.correction import behaviour_weights, policy_lags
 from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
+from schemas.disk_space import writing
 from tasks import train_batch as tb
 from tasks.run_store import write_text
 
@@ -511,7 +512,8 @@ class _StepRunner:
         tag = f"step{last_step:06d}"
         t0 = time.perf_counter()
         if spec.save_ds_state:
-            self.engine.save_checkpoint(str(state_dir), tag=tag)
+            with writing(state_dir, "the DeepSpeed optimizer state"):
+                self.engine.save_checkpoint(str(state_dir), tag=tag)
         dist.barrier()
         timings = {"ds_save_s": time.perf_counter() - t0}
         t0 = time.perf_counter()
@@ -525,8 +527,9 @@ class _StepRunner:
                 raise TrainStepFailure(f"export: weights missing {really_missing[:5]}, unexpected {unexpected[:5]}")
             if spec.precision == "bf16":
                 model = model.to(torch.bfloat16)
-            model.save_pretrained(out, safe_serialization=True)
-            _copy_tokenizer_files(Path(spec.parent_checkpoint), out)
+            with writing(out, "the checkpoint's weights"):
+                model.save_pretrained(out, safe_serialization=True)
+                _copy_tokenizer_files(Path(spec.parent_checkpoint), out)
             if spec.save_ds_state:
                 meta = {"tag": tag, "world_size": self.world_size, "zero_stage": spec.zero_stage,
                         "precision": spec.precision, "updates_done": self.updates_done, "step": last_step}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +33,10 @@ import flyte
 from infra.environments import cpu_env
 from tasks import run_store
 from workflows.config import RunConfig, config_from_dict, load_config
+from workflows.pipeline import RunInterrupted
+from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
 from workflows.run_layout import RunLayout
+from workflows.run_records import close_open_actions
 
 
 @dataclass(frozen=True)
@@ -178,25 +182,53 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
-    from workflows.pipeline import init_flyte_for_run
+    from tasks.train import clean_stale_temp_dirs
+    from workflows.pipeline import init_flyte_for_run, stop_workers
 
     if run_store.is_remote(run_root):
         raise ValueError(f"{run_root}: the ablation ladder needs a filesystem run root, not an object store")
     layout = RunLayout(Path(run_root).resolve() / f"{config.run.name}-ladder")
-    Path(layout.root).mkdir(parents=True, exist_ok=True)
-    init_flyte_for_run(layout)
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
-    run = flyte.with_runcontext(mode="local").run(
-        dapo_ablation,
-        config_json=json.dumps(config.to_dict(), sort_keys=True),
-        ladder_dir=str(layout.root),
-        seeds=seeds,
-        rungs=indices,
-        config_source=config.source,
-    )
-    run.wait()
-    outputs = run.outputs()
+    with hold_run_folder(layout.root):
+        check_ladder_records(config, Path(layout.root), seeds=seeds, rungs=indices)
+        clean_stale_temp_dirs()
+        close_open_actions(layout, "abandoned: the driver of this ladder stopped (killed) before the action finished")
+        init_flyte_for_run(layout)
+        try:
+            run = flyte.with_runcontext(mode="local").run(
+                dapo_ablation,
+                config_json=json.dumps(config.to_dict(), sort_keys=True),
+                ladder_dir=str(layout.root),
+                seeds=seeds,
+                rungs=indices,
+                config_source=config.source,
+            )
+            run.wait()
+            outputs = run.outputs()
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
+            stop_workers()
+            close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
+            raise RunInterrupted(f"interrupted the ladder in {layout.root}; nothing half-published: "
+                                 "re-run the same command to resume") from None
     return json.loads(str(outputs[0] if isinstance(outputs, tuple) else outputs))
+
+
+def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:
+    """Refuse (:class:`RunFolderError`) a ladder folder whose shared or rung runs hold another config."""
+    check_run_record(str(ladder_dir / "shared"), _record(RunLayout(ladder_dir / "shared")), config.to_dict())
+    all_rungs = ladder(config)
+    for index in rungs:
+        settings = rung_settings(all_rungs, index)
+        for seed in seeds:
+            layout = RunLayout(ladder_dir / all_rungs[index].slug / f"seed-{seed}")
+            cfg = rung_config(config, settings, seed=seed, name=f"{config.run.name}-{all_rungs[index].slug}-seed{seed}")
+            check_run_record(str(layout.root), _record(layout), cfg.to_dict())
+
+
+def _record(layout: RunLayout) -> dict[str, Any] | None:
+    path = Path(layout.run_record)
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int] | None = None
@@ -246,6 +278,15 @@ def run_cli(args: argparse.Namespace) -> int:
         seconds = sum(run["summary"]["wall_seconds"] for r in results for run in r["runs"])  # of the runs
         table, _ = write_ablation(ladder_dir, results, base=config, seconds=seconds)
     else:
-        table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
+        try:
+            table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
+        except RunFolderError as err:
+            print(f"dapo ablate: {err}", file=sys.stderr)
+            return 2
+        except RunInterrupted as err:
+            print(f"\ndapo ablate: {err}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)  # as `dapo run`: skip the shutdown tracebacks of the workers just killed
     print(format_table(table))
     return 0

@@ -52,6 +52,22 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def disk_full_line(err: BaseException) -> str | None:
+    """The "no space left on device ..." line inside ``err`` or its causes; None if it is not one."""
+    from schemas.disk_space import MARKER
+
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        for line in str(link).splitlines():
+            at = line.lower().find(MARKER)
+            if at >= 0:
+                return line[at:].strip()
+        link = link.__cause__ or link.__context__
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
@@ -72,6 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         sys.stderr.close()
         return 0
+    except Exception as err:
+        # A full disk reaches here wrapped by Flyte, DeepSpeed or a worker's error file; say it
+        # in one line with the path (schemas/disk_space.py words it), not as a page of traceback.
+        line = disk_full_line(err)
+        if line is None:
+            raise
+        print(f"dapo {args.command}: {line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

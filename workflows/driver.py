@@ -32,6 +32,7 @@ from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
+from workflows.run_binding import check_run_record
 from workflows.run_layout import RunLayout
 from workflows.seeds import derive_seed
 from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
@@ -180,7 +181,14 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
 
 
 def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
-    """Record the resolved config in the run folder and clear what a killed invocation left."""
+    """Record the resolved config in the run folder and clear what a killed invocation left.
+
+    A folder that already records another config is refused (workflows/run_binding.py): the
+    CLIs check this before starting Flyte, with a one-line message; this guards a driver task
+    launched any other way (the Flyte UI, a cluster).
+    """
+    if run_store.exists(layout.run_record):
+        check_run_record(str(layout.root), json.loads(run_store.read_text(layout.run_record)), cfg.to_dict())
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver

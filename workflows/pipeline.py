@@ -30,6 +30,7 @@ from tasks import run_store
 from workflows.config import RunConfig, load_config
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
 from workflows.run_layout import RunLayout
+from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
 
@@ -94,6 +95,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
         record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
         check_run_record(str(layout.root), record, config.to_dict())
         clean_stale_temp_dirs()  # what a kill -9 of an earlier run left in the temp folder
+        close_open_actions(layout, "abandoned: the driver of this run stopped (killed) before the action finished")
         try:
             init_flyte_for_run(layout)
             run = flyte.with_runcontext(mode="local").run(
@@ -107,6 +109,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
         except KeyboardInterrupt:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
             stop_workers()
+            close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
             raise RunInterrupted(f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
                                  f"{layout.root}; nothing half-published: re-run the same command to resume") from None
     summary_text = outputs[0] if isinstance(outputs, tuple) else outputs
@@ -120,9 +123,7 @@ def stop_workers() -> None:
     """
     from tasks import train_server, vllm_engine
 
-    group = train_server._active
-    if group is not None and group.owner_pid == os.getpid():
-        group.kill()
+    train_server.stop_now()
     vllm_engine.clear_engine_cache()
     me = os.getpid()
     for pid in reversed(train_server.process_tree(me)[1:]):

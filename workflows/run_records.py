@@ -2,12 +2,17 @@
 
 ``dapo run`` points Flyte's local persistence at ``<run>/flyte/`` (see workflows/pipeline.py),
 so every invocation's actions, timings and cache hits are recorded there; ``flyte start tui``
-browses the same records. This module reads them for the summary and for tests.
+browses the same records. This module reads them for the summary and for tests, and closes
+the records a stopped driver left open: Flyte marks an action "running" when it starts and
+"succeeded"/"failed" when it ends, so a driver killed (or interrupted) in between leaves
+"running" rows forever. Holding the run folder's lock (workflows/run_binding.py) means no
+other driver is running, so every such row belongs to a stopped one.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,3 +60,19 @@ def flyte_runs(layout: RunLayout) -> list[str]:
 
 def db_path(layout: RunLayout) -> Path:
     return run_store.local_path(layout.flyte_dir) / "local-cache" / "cache.db"
+
+
+def close_open_actions(layout: RunLayout, why: str) -> int:
+    """Mark every action still recorded as "running" as failed with ``why``; returns how many.
+
+    Call only while holding the run folder's lock and before this driver starts its own run.
+    """
+    db = db_path(layout)
+    if not db.is_file():
+        return 0
+    with sqlite3.connect(db, timeout=30) as conn:
+        done = conn.execute(
+            "UPDATE runs SET status='failed', error=?, end_time=COALESCE(end_time, ?) WHERE status='running'",
+            (why, time.time()),
+        )
+        return done.rowcount

@@ -126,3 +126,30 @@ def test_report_only_rebuilds_the_same_table_from_the_runs(ladder_dir: Path) -> 
     proc = subprocess.run(args[:args.index("--seeds") + 1] + ["0", "7"] + args[args.index("--rungs"):],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "seed-7: no summary.json" in proc.stderr
+
+
+def _ablate(ladder_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "workflows.cli", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
+            "--seeds", "0", "1", "--rungs", "0", "5", "--run-root", str(ladder_dir.parent)]
+    for item in [*SMALL, *extra]:
+        args += ["--set", item]
+    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def test_a_changed_config_into_the_ladder_is_refused_before_any_work(ladder_dir: Path) -> None:
+    before = {p: p.stat().st_mtime_ns for p in ladder_dir.rglob("*.json")}
+    proc = _ablate(ladder_dir, "train.lr=2e-4")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = proc.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert line.startswith("dapo ablate: run folder ") and "train.lr 0.0001 -> 0.0002" in line, line
+    assert {p: p.stat().st_mtime_ns for p in ladder_dir.rglob("*.json")} == before  # nothing rewritten
+
+
+def test_a_second_ladder_driver_is_refused_while_one_holds_the_folder(ladder_dir: Path) -> None:
+    from workflows.run_binding import hold_run_folder
+
+    with hold_run_folder(ladder_dir):
+        proc = _ablate(ladder_dir)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"run folder {ladder_dir} is already in use by pid {os.getpid()}" in proc.stderr

@@ -204,6 +204,10 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     assert ran == ["train", "evaluate"], ran
     for task in ("curate", "bootstrap"):
         assert any(r.task_name.endswith(task) and r.cache_hit for r in last)
+    # The killed driver's actions are closed in the run records, not left "running" forever.
+    records = action_records(layout)
+    assert not [r for r in records if r.status == "running"], [(r.run_name, r.task_name) for r in records if r.status == "running"]
+    assert any(r.run_name == runs[0] and r.status == "failed" and r.task_name.endswith("train") for r in records)
     ref = checkpoints.read_info(finished_run.checkpoint(2))
     got = checkpoints.read_info(layout.checkpoint(2))
     assert got.checkpoint_id == ref.checkpoint_id  # same weights digest: training continued exactly
