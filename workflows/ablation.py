@@ -169,7 +169,7 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
             start_run_folder(cfg, layout)
             link_shared(shared, layout)
             t0 = time.perf_counter()
-            summary = await train_and_report(cfg, layout, prepared, started=t0)
+            summary = await train_and_report(cfg, layout, prepared, started=t0, live_report=False)
             summary.pop("_inline_report")
             runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
             print(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "

@@ -217,8 +217,10 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
 class _PipelineStages:
     """The loop's stages as cached Flyte tasks writing into the run folder (workflows/step_loop.py)."""
 
-    def __init__(self, cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any]) -> None:
-        self.cfg, self.layout = cfg, layout
+    def __init__(self, cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float,
+                 live_report: bool) -> None:
+        self.cfg, self.layout, self.prepared = cfg, layout, prepared
+        self.started, self.live_report = started, live_report
         self.train_paths, self.test_paths = prepared["train_paths"], prepared["test_paths"]
         self.checkpoint: str = prepared["checkpoint"]
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
@@ -281,7 +283,18 @@ class _PipelineStages:
         every = cfg.run.eval_every_steps
         if every and step % every == 0 and step != cfg.run.steps:
             self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
+        await self.refresh_report()
         self._step_started = time.perf_counter()
+
+    async def refresh_report(self) -> None:
+        """Redraw the run page with the steps so far (status "running", ETA), so a user watching the
+        run (report/index.html, the Flyte UI) sees its curves grow; ~10 ms (benchmarks/report_refresh.py)."""
+        summary = _summary(self.cfg, self.layout, self.prepared, self, status="running")
+        with run_store.output(self.layout.report_dir, folder=True) as report_dir:
+            _, inline_page = write_report(report_dir, title=f"DAPO run {self.cfg.run.name}", summary=summary,
+                                          metrics=self.metrics_rows, evals=self.evals, samples=[])
+        if self.live_report:
+            await flyte.report.replace.aio(inline_page, do_flush=True)
 
     def _metrics_row(self, plan: StepPlan, trained: dict[str, Any], train_s: float) -> dict[str, Any]:
         path = self.layout.metrics_shard(plan.step)
@@ -296,44 +309,51 @@ class _PipelineStages:
         return row
 
 
-async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float) -> dict[str, Any]:
-    """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
-
-    Returns the summary, plus the report page inlined under ``_inline_report`` (for flyte.report).
-    """
-    drv = cfg.run
-    stages = _PipelineStages(cfg, layout, prepared)
-    settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
-                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
-    plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
-    checkpoint, test_paths, evals = stages.checkpoint, stages.test_paths, stages.evals
-    metrics_rows, step_seconds = stages.metrics_rows, stages.step_seconds
-
-    if drv.steps > 0:
-        evals.append(await _evaluate(cfg, layout, checkpoint, test_paths, drv.steps))
-
-    intervals = _held_out_intervals(layout, evals)
-    summary = {
-        "status": "finished",
+def _summary(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], stages: "_PipelineStages", *,
+             status: str) -> dict[str, Any]:
+    """summary.json's content for the steps so far; a finished run adds the paired intervals
+    over problems (read from the eval shards), a running one leaves them to the page's fallback."""
+    evals = stages.evals
+    return {
+        "status": status,
         "run_dir": str(layout.root),
         "config": cfg.source,
         "config_digest": cfg.digest(),
-        "steps": drv.steps,
-        "steps_done": len(metrics_rows),
+        "steps": cfg.run.steps,
+        "steps_done": len(stages.metrics_rows),
         "accuracy_before": evals[0]["avg_at_k"],
         "accuracy_after": evals[-1]["avg_at_k"],
         "pass_at_k_before": evals[0]["pass_at_k"],
         "pass_at_k_after": evals[-1]["pass_at_k"],
         "eval_problems": evals[0]["problems"],
         "eval_k": evals[0]["k"],
-        **intervals,
+        **(_held_out_intervals(layout, evals) if status == "finished" else {}),
         "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "avg_at_k_ci95_half", "pass_at_k", "maj_at_k")} for e in evals],
-        "final_checkpoint": checkpoint,
+        "final_checkpoint": stages.checkpoint,
         "problems_train": prepared["problems_train"],
         "problems_test": prepared["problems_test"],
-        "wall_seconds": round(time.perf_counter() - started, 2),
-        "step_seconds": [round(s, 2) for s in step_seconds],
+        "wall_seconds": round(time.perf_counter() - stages.started, 2),
+        "step_seconds": [round(s, 2) for s in stages.step_seconds],
     }
+
+
+async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float,
+                           live_report: bool = True) -> dict[str, Any]:
+    """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
+
+    The run page is redrawn after every step; ``live_report`` also publishes it as this task's
+    Flyte report each time. Returns the summary, plus the final page inlined under
+    ``_inline_report`` (for flyte.report).
+    """
+    drv = cfg.run
+    stages = _PipelineStages(cfg, layout, prepared, started=started, live_report=live_report)
+    settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
+                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
+    plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
+    if drv.steps > 0:
+        stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
+    summary = _summary(cfg, layout, prepared, stages, status="finished")
+    metrics_rows, evals = stages.metrics_rows, stages.evals
     trained_plans = [p for p in plans if not p.skipped]
     samples = _sample_responses(layout.batch_shard(trained_plans[-1].step)) if trained_plans else []
     with run_store.output(layout.report_dir, folder=True) as report_dir:

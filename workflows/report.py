@@ -2,35 +2,28 @@
 
 First screen: the headline a user opens the page for, held-out avg@k before -> after and the change
 with its 95% interval, pass@k, steps done / planned, wall time, status, config name and digest.
-Then the curves a DAPO user reads, one PNG each (matplotlib, sized to sit two abreast at 1280 px):
+Then the curves a DAPO user reads, one SVG chart each (workflows/svg_charts.py, two abreast at 1280 px):
 held-out accuracy with its interval, training accuracy and reward, entropy (collapse watch,
 sec. 3.1), response length and truncation (sec. 3.4), clip fractions low/high (clip-higher,
 sec. 3.1), generation rounds (dynamic sampling, sec. 3.2), stage timings. Then the tables,
 human-formatted, each scrolling in its own box, and sample responses with their lineage. The same
-page is written to ``<run>/report/index.html`` (PNGs beside it too) and published as the Flyte
-report of the driver task, so it loads nothing from the network.
+page is written to ``<run>/report/index.html`` (the SVGs beside it too) and published as the Flyte
+report of the driver task, so it loads nothing from the network. It is cheap enough (tens of
+milliseconds) to redraw after every step: benchmarks/report_refresh.py measures it.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
 import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator, PercentFormatter  # noqa: E402
-
-from dapo_core.intervals import binomial_change, mean_interval  # noqa: E402
-from tasks.run_store import write_text  # noqa: E402
-
-_FIGSIZE_IN, _DPI = (6.0, 3.3), 100  # 600 x 330 px: two abreast in the 1240 px page
+from dapo_core.intervals import binomial_change, mean_interval
+from tasks.run_store import write_text
+from workflows.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart
 
 
 def nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
@@ -171,133 +164,87 @@ def no_generation_steps(metrics: list[dict[str, Any]]) -> list[int]:
     return [m["step"] for m in metrics if m.get("generation_rounds") == 0]
 
 
-def _new_axes(title: str, ylabel: str) -> tuple[Any, Any]:
-    fig, ax = plt.subplots(figsize=_FIGSIZE_IN, dpi=_DPI)
-    # fixed margins (room for a right-hand axis): tight_layout would draw every figure twice
-    fig.subplots_adjust(left=0.13, right=0.89, bottom=0.15, top=0.9)
-    ax.set_title(title, fontsize=11)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(alpha=0.3)
-    return fig, ax
-
-
-def _mark_gaps(ax: Any, gap_steps: list[int]) -> None:
-    for i, s in enumerate(gap_steps):
-        ax.axvspan(s - 0.4, s + 0.4, color="#f4c542", alpha=0.25, lw=0,
-                   label="0 generation rounds (carried groups only)" if i == 0 else None)
-
-
-def _line_plot(metrics: list[dict[str, Any]], title: str, ylabel: str, series: list[tuple[str, str]],
-               *, percent: bool = False, gaps: list[int] | None = None) -> Any | None:
+def _line_chart(metrics: list[dict[str, Any]], title: str, y_label: str, series: list[tuple[str, str]],
+                *, percent: bool = False, gaps: list[int] | None = None) -> str | None:
     if not _has(metrics, [c for c, _ in series]):
         return None
-    fig, ax = _new_axes(title, ylabel)
-    steps = [m["step"] for m in metrics]
-    for col, label in series:
-        # markers: a missing value leaves a gap that would hide an isolated point of a plain line
-        ax.plot(steps, _series(metrics, col, 100.0 if percent else 1.0), marker="o", ms=3, label=label)
-    if percent:
-        ax.yaxis.set_major_formatter(PercentFormatter())
-    if gaps:
-        _mark_gaps(ax, gaps)
-    if len(series) > 1 or gaps:
-        ax.legend(fontsize=8)
-    return fig
+    scale = 100.0 if percent else 1.0
+    return chart(title, [m["step"] for m in metrics],
+                 [Series(label, _series(metrics, col, scale)) for col, label in series],
+                 y_label=y_label, percent=percent, shaded_steps=gaps or (), shaded_label=_GAP_LABEL)
 
 
-def _eval_plot(evals: list[dict[str, Any]]) -> Any | None:
+def _eval_chart(evals: list[dict[str, Any]]) -> str | None:
     if not evals:
         return None
-    fig, ax = _new_axes("Held-out accuracy (95% interval)", "accuracy (%)")
-    steps = [e["step"] for e in evals]
-    avg = [100 * e["avg_at_k"] for e in evals]
     err = []
     for e in evals:
         half = e.get("avg_at_k_ci95_half")
         if half is None and e.get("problems") and e.get("k"):
             # binomial approximation when per-problem results are not at hand
             half = binomial_change(0.0, e["avg_at_k"], int(e["problems"]), int(e["k"]))[1]
-        err.append(100 * half if half is not None else 0.0)
+        err.append(100 * half if half is not None else None)
     k = evals[-1].get("k", "k")
-    ax.errorbar(steps, avg, yerr=err, marker="o", capsize=3, label=f"avg@{k}")
-    ax.plot(steps, [100 * e["pass_at_k"] for e in evals], marker="s", ls="--", label=f"pass@{k}")
-    ax.set_ylim(0, 100)
-    ax.yaxis.set_major_formatter(PercentFormatter())
-    ax.legend(fontsize=8)
-    return fig
+    return chart("Held-out accuracy (95% interval)", [e["step"] for e in evals], [
+        Series(f"avg@{k}", [100 * e["avg_at_k"] for e in evals], yerr=err),
+        Series(f"pass@{k}", [100 * e["pass_at_k"] for e in evals], kind="dashed"),
+    ], y_label="accuracy (%)", percent=True, y_range=(0.0, 100.0))
 
 
-def _rounds_plot(metrics: list[dict[str, Any]]) -> Any | None:
+def _rounds_chart(metrics: list[dict[str, Any]]) -> str | None:
     if not _has(metrics, ["generation_rounds"]):
         return None
-    fig, ax = _new_axes("Generation rounds per step (dynamic sampling)", "rounds")
-    steps = [m["step"] for m in metrics]
-    ax.bar(steps, [m.get("generation_rounds") or 0 for m in metrics], color="#4c72b0", label="generation rounds")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    series = [Series("generation rounds", [m.get("generation_rounds") or 0 for m in metrics], kind="bar")]
     if _has(metrics, ["samples"]):
-        ax2 = ax.twinx()
-        ax2.plot(steps, _series(metrics, "samples"), color="#dd8452", marker="o", ms=3, label="samples trained")
-        ax2.set_ylabel("samples trained")
-        ax2.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax2.legend(fontsize=8, loc="upper right")
-    ax.legend(fontsize=8, loc="upper left")
-    return fig
+        series.append(Series("samples trained", _series(metrics, "samples"), right=True))
+    return chart("Generation rounds per step (dynamic sampling)", [m["step"] for m in metrics], series,
+                 y_label="rounds", right_label="samples trained")
 
 
-def _timings_plot(metrics: list[dict[str, Any]]) -> Any | None:
+def _timings_chart(metrics: list[dict[str, Any]]) -> str | None:
     cols = [("time_rollout_s", "rollout"), ("time_score_s", "score"), ("time_train_s", "train")]
     if not _has(metrics, [c for c, _ in cols]):
         return None
-    fig, ax = _new_axes("Stage time per step", "seconds")
-    steps = [m["step"] for m in metrics]
-    bottom = [0.0] * len(metrics)
-    for col, label in cols:
-        vals = [_num(m.get(col)) or 0.0 for m in metrics]
-        ax.bar(steps, vals, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.legend(fontsize=8)
-    return fig
+    return chart("Stage time per step", [m["step"] for m in metrics],
+                 [Series(label, [_num(m.get(col)) or 0.0 for m in metrics], kind="bar") for col, label in cols],
+                 y_label="seconds")
 
 
-def _figures(metrics: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[tuple[str, Any]]:
-    """(file stem, figure) for each plot that has data, in page order."""
+_GAP_LABEL = "0 generation rounds (carried groups only)"
+
+
+def _charts(metrics: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(file stem, SVG) for each chart that has data, in page order."""
     gaps = no_generation_steps(metrics)
-    figs = [
-        ("eval", _eval_plot(evals)),
-        ("accuracy", _line_plot(metrics, "Training accuracy of generated samples", "correct (%)",
-                                [("accuracy", "accuracy")], percent=True, gaps=gaps)),
-        ("reward", _line_plot(metrics, "Reward of the trained batch", "mean reward (-1 .. +1)",
-                              [("reward_mean", "reward mean")])),
-        ("entropy", _line_plot(metrics, "Policy entropy (collapse watch, sec. 3.1)", "token mean (nats)",
-                               [("entropy", "entropy")])),
-        ("length", _line_plot(metrics, "Response length (trained batch)", "mean length (tokens)",
-                              [("response_length_mean", "mean length")])),
-        ("clip", _line_plot(metrics, "Clip fractions (clip-higher, sec. 3.1)", "tokens clipped (%)",
-                            [("clip_frac_low", "low side (1 - eps_low)"), ("clip_frac_high", "high side (1 + eps_high)")],
-                            percent=True)),
-        ("truncation", _line_plot(metrics, "Truncated responses (generated, sec. 3.4)", "hit the token cap (%)",
-                                  [("truncation_ratio", "truncated")], percent=True, gaps=gaps)),
-        ("rounds", _rounds_plot(metrics)),
-        ("timings", _timings_plot(metrics)),
+    charts = [
+        ("eval", _eval_chart(evals)),
+        ("accuracy", _line_chart(metrics, "Training accuracy of generated samples", "correct (%)",
+                                 [("accuracy", "accuracy")], percent=True, gaps=gaps)),
+        ("reward", _line_chart(metrics, "Reward of the trained batch", "mean reward (-1 .. +1)",
+                               [("reward_mean", "reward mean")])),
+        ("entropy", _line_chart(metrics, "Policy entropy (collapse watch, sec. 3.1)", "token mean (nats)",
+                                [("entropy", "entropy")])),
+        ("length", _line_chart(metrics, "Response length (trained batch)", "mean length (tokens)",
+                               [("response_length_mean", "mean length")])),
+        ("clip", _line_chart(metrics, "Clip fractions (clip-higher, sec. 3.1)", "tokens clipped (%)",
+                             [("clip_frac_low", "low side (1 - eps_low)"), ("clip_frac_high", "high side (1 + eps_high)")],
+                             percent=True)),
+        ("truncation", _line_chart(metrics, "Truncated responses (generated, sec. 3.4)", "hit the token cap (%)",
+                                   [("truncation_ratio", "truncated")], percent=True, gaps=gaps)),
+        ("rounds", _rounds_chart(metrics)),
+        ("timings", _timings_chart(metrics)),
     ]
-    return [(stem, fig) for stem, fig in figs if fig is not None]
+    return [(stem, svg) for stem, svg in charts if svg is not None]
 
 
 def write_plots(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], out_dir: Path) -> list[tuple[Path, bytes]]:
-    """One PNG per plot that has data, written to ``out_dir``; returns (file, PNG bytes) pairs."""
+    """One SVG per chart that has data, written to ``out_dir``; returns (file, SVG bytes) pairs."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[tuple[Path, bytes]] = []
-    for stem, fig in _figures(metrics, evals):
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        plt.close(fig)
-        path = out_dir / f"{stem}.png"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(buf.getvalue())
-        tmp.replace(path)
-        written.append((path, buf.getvalue()))
+    for stem, svg in _charts(metrics, evals):
+        path = out_dir / f"{stem}.svg"
+        write_text(path, svg)
+        written.append((path, svg.encode()))
     return written
 
 
@@ -410,7 +357,7 @@ def render_html(
     samples: list[dict[str, Any]],
     plots: list[tuple[Path, bytes]],
 ) -> str:
-    """The report page, self-contained (PNG images as data URIs; no scripts, fonts or network)."""
+    """The report page, self-contained (SVG charts as data URIs; no scripts, fonts or network)."""
     h = headline(summary, metrics)
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
@@ -427,8 +374,8 @@ def render_html(
             "accuracy and truncation have no value there: the gap (shaded) is not missing data.</p>"
         )
     parts.append("<div class='grid'>" + "".join(
-        f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' alt='{path.stem}' "
-        f"width='{int(_FIGSIZE_IN[0] * _DPI)}' height='{int(_FIGSIZE_IN[1] * _DPI)}'>" for path, png in plots
+        f"<img src='data:image/svg+xml;base64,{base64.b64encode(svg).decode()}' alt='{path.stem}' "
+        f"width='{WIDTH_PX}' height='{HEIGHT_PX}'>" for path, svg in plots
     ) + "</div>")
     if evals:
         parts.append("<h2>Evaluations</h2>" + _table(evals, _EVAL_COLUMNS, "evals"))
@@ -449,7 +396,7 @@ def write_report(
     evals: list[dict[str, Any]],
     samples: list[dict[str, Any]],
 ) -> tuple[Path, str]:
-    """Write the PNGs and ``index.html`` (atomically: temp file then rename).
+    """Write the SVG charts and ``index.html`` (each atomically: temp file then rename).
 
     Returns the page's path and the page (self-contained, also the Flyte report).
     """

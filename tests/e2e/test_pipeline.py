@@ -101,7 +101,7 @@ def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> No
     assert summary["steps"] == 2
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
     assert summary["wall_seconds"] > 0
-    assert (Path(layout.report_dir) / "index.html").is_file() and list(Path(layout.report_dir).glob("*.png"))
+    assert (Path(layout.report_dir) / "index.html").is_file() and list(Path(layout.report_dir).glob("*.svg"))
     # no half-written leftovers anywhere
     assert not [p for p in Path(layout.root).rglob("*") if ".staging-" in p.name or p.name.endswith(".tmp")]
 

@@ -18,11 +18,11 @@ def test_report_skips_empty_plots_and_tolerates_missing_values(tmp_path: Path) -
                 "filter_reason": "kept", "response_length": 12, "finish_reason": "stop"}]
     page, inline = write_report(tmp_path, title="run x", summary={"steps": 2}, metrics=metrics, evals=evals,
                                 samples=samples)
-    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    pngs = sorted(p.name for p in tmp_path.glob("*.svg"))
     # no length/truncation/rounds/timings columns were given, so no such plots
-    assert pngs == ["accuracy.png", "clip.png", "entropy.png", "eval.png", "reward.png"]
+    assert pngs == ["accuracy.svg", "clip.svg", "entropy.svg", "eval.svg", "reward.svg"]
     html = page.read_text()
-    assert html == inline and html.count("src='data:image/png;base64,") == len(pngs)  # self-contained
+    assert html == inline and html.count("src='data:image/svg+xml;base64,") == len(pngs)  # self-contained
     assert "Answer: &lt;3&gt;" in html  # response text is escaped
     assert "http" not in html and "<script" not in html
     assert not list(tmp_path.glob(".*.tmp"))
