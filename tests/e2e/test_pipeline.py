@@ -195,6 +195,9 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
                 pass
         proc.wait()
     assert not checkpoints.is_complete(layout.checkpoint(2)), "killed too late: step 2 already published"
+    # The run page was redrawn after step 1: a user watching saw the run in progress.
+    page = (Path(layout.report_dir) / "index.html").read_text()
+    assert "id='hl-status' data-value='&#x27;running, step 1/2" in page, page[:3000]
 
     _dapo_run(run_root, name)
     runs = flyte_runs(layout)
