@@ -87,6 +87,10 @@ class RolloutError(RuntimeError):
     """Bad rollout input (missing problem, prompt too long, bad checkpoint); names what and where."""
 
 
+class PromptTooLongError(RolloutError):
+    """A prompt of the pool does not fit the model's context with the response cap (a config/input error)."""
+
+
 def derive_request_seed(seed: int, problem_id: str, generation_round: int, sample_index: int) -> int:
     """The seed of one sample: a hash of what identifies it, 63 bits (fits int64 and vLLM).
 
@@ -162,6 +166,26 @@ def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str]) -> list[lis
 def model_max_positions(checkpoint_dir: str | Path) -> int:
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
     return int(config.get("max_position_embeddings") or 2048)
+
+
+def check_prompt_lengths(checkpoint_dir: str | Path, problems: list[dict[str, Any]], *, max_response_tokens: int,
+                         max_model_len: int, field: str) -> None:
+    """Refuse a pool with any prompt too long for the model's context at ``max_response_tokens``.
+
+    Run by the driver once the step-0 policy exists (its tokenizer decides the lengths), before
+    any rollout: otherwise a long prompt kills the run only when a step draws it, maybe hours in.
+    The error names the longest prompt's problem, how many prompts overflow and the fields.
+    """
+    limit = max_model_len or model_max_positions(checkpoint_dir)
+    lengths = [len(ids) for ids in tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])]
+    over = [(n, p["problem_id"]) for n, p in zip(lengths, problems) if n + max_response_tokens > limit]
+    if over:
+        n, worst = max(over)
+        raise PromptTooLongError(
+            f"{len(over):,} of {len(problems):,} prompts do not fit the context: problem {worst} has {n} prompt "
+            f"tokens + {field}={max_response_tokens} > max_model_len={limit}; lower {field}, raise "
+            "rollout.max_model_len (if the model allows), or curate with a smaller curate.max_problem_chars"
+        )
 
 
 # ----------------------------------------------------------------------------- generation

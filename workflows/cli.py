@@ -52,6 +52,11 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+# Errors that mean "fix your config or input", raised before any long work; their messages name
+# the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
+USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationError", "RunFolderError"})
+
+
 def disk_full_line(err: BaseException) -> str | None:
     """The "no space left on device ..." line inside ``err`` or its causes; None if it is not one."""
     from schemas.disk_space import MARKER
@@ -89,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as err:
+        if type(err).__name__ in USER_ERRORS or getattr(err, "code", None) in USER_ERRORS:
+            # The user's input or config (raised directly, or inside a Flyte task, which re-raises
+            # it as its own error type with the class name as `code`): one line, exit 2.
+            print(f"dapo {args.command}: {str(err).strip().splitlines()[-1]}", file=sys.stderr)
+            return 2
         # A full disk reaches here wrapped by Flyte, DeepSpeed or a worker's error file; say it
         # in one line with the path (schemas/disk_space.py words it), not as a page of traceback.
         line = disk_full_line(err)

@@ -26,7 +26,7 @@ from tasks import checkpoints, digests, run_store
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
-from tasks.rollout import manifest_path, rollout
+from tasks.rollout import check_prompt_lengths, manifest_path, rollout
 from tasks.score import group_keys_of, score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
@@ -170,6 +170,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     _at("the step-0 policy (bootstrap warm-up)")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
                                      cfg.bootstrap, upstream=[layout.curate_dir])
+    _check_prompt_lengths(cfg, checkpoint, train_paths, test_paths)
     return {
         "checkpoint": checkpoint,
         "train_paths": train_paths,
@@ -178,6 +179,16 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
         "problems_test": curated.kept_by_split.get("test", 0),
         "eval0": await _evaluate(cfg, layout, checkpoint, test_paths, 0),
     }
+
+
+def _check_prompt_lengths(cfg: RunConfig, checkpoint: str, train_paths: list[str], test_paths: list[str]) -> None:
+    """Every prompt fits the step-0 policy's context with its response cap (training and held-out)."""
+    local = run_store.fetch(checkpoint)
+    for paths, cap, field in ((train_paths, cfg.rollout.max_response_tokens, "rollout.max_response_tokens"),
+                              (test_paths, cfg.evaluate.max_response_tokens, "evaluate.max_response_tokens")):
+        problems = pa.concat_tables([schemas.read_shard(run_store.fetch(p), schemas.Problem) for p in paths])
+        check_prompt_lengths(local, problems.select(["problem_id", "prompt"]).to_pylist(), max_response_tokens=cap,
+                             max_model_len=cfg.rollout.max_model_len, field=field)
 
 
 def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
