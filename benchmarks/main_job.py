@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workflows.run_layout import RunLayout  # noqa: E402
+from storage.run_layout import RunLayout  # noqa: E402
 
 
 def _run(config: str, sets: list[str], run_root: Path) -> tuple[float, dict]:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from tasks import tiny_policy, vllm_engine  # noqa: E402
+from engines import tiny_policy, vllm_engine
 
 
 def _build(folder: Path, args: argparse.Namespace, seed: int) -> Path:

@@ -40,14 +40,14 @@ def _run(run_root: str, steps: int, env: dict[str, str]) -> float:
 
 
 def _summary(root: str, env: dict[str, str]) -> dict:
-    code = ("import json,sys; from tasks import run_store; "
+    code = ("import json,sys; from storage import run_store; "
             "print(run_store.read_text(run_store.join(sys.argv[1], 'bench', 'summary.json')))")
     out = subprocess.run([sys.executable, "-c", code, root], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
 def _store_contents(root: str, env: dict[str, str]) -> dict[str, dict[str, int]]:
-    code = ("import json,sys; from tasks import run_store; fs = run_store._fs(sys.argv[1]); "
+    code = ("import json,sys; from storage import run_store; fs = run_store._fs(sys.argv[1]); "
             "print(json.dumps({k: fs.info(k)['size'] for k in fs.find(sys.argv[1])}))")
     out = subprocess.run([sys.executable, "-c", code, root], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     kinds: dict[str, dict[str, int]] = {}

@@ -1,6 +1,6 @@
 """Benchmark DAPO training steps (tasks/train.py), cold vs warm: per-step time and where it goes.
 
-Builds the tiny default policy (random weights, tasks/tiny_policy.py) and ScoredRollout batches
+Builds the tiny default policy (random weights, engines/tiny_policy.py) and ScoredRollout batches
 shaped like the tiny pipeline's (prompts x G samples, synthetic token ids), then runs ``--steps``
 consecutive steps (each from the previous published checkpoint, as the pipeline does) for each
 process count, twice: **cold** (``keep_workers_warm=False``: one torchrun launch per step) and
@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from tasks.tiny_policy import build_random_checkpoint  # noqa: E402
-from tasks import train_server  # noqa: E402
+from engines.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines import train_server
 from tasks.train import TrainConfig, TrainStepResult, train_step  # noqa: E402
 from train_fixtures import scored_row, write_scored  # noqa: E402
 
@@ -146,7 +146,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "omp_num_threads_per_process": args.threads_per_process,
                     "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]]},
-        "model": "tiny Qwen2, 3 layers, hidden 128 (tasks/tiny_policy.py defaults), fp32 weights",
+        "model": "tiny Qwen2, 3 layers, hidden 128 (engines/tiny_policy.py defaults), fp32 weights",
         "steady_state": summary,
         "results": results,
     }

@@ -28,7 +28,7 @@ DAPO_PROMPT_TEMPLATE = (
     "{problem}\n\n"
     'Remember to put your answer on its own line after "Answer:".'
 )
-# The tiny CPU pipeline's template (tasks/synthetic.py problems such as "37+5-18").
+# The tiny CPU pipeline's template (readers/synthetic.py problems such as "37+5-18").
 TINY_PROMPT_TEMPLATE = "{problem}=\n"
 PROBLEM_PLACEHOLDER = "{problem}"
 

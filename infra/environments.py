@@ -17,12 +17,12 @@ rebuilds the same task types):
 - ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
   plan (``DAPO_CLUSTER_PLAN``, JSON written by ``infra.deploy``: engines, tensor parallel, GPUs
   per node); the Ray cluster is kept between calls with a reuse policy, so engines stay warm
-  across steps and take new weights by reload (tasks/vllm_engine.py). Training is a PyTorch
+  across steps and take new weights by reload (engines/vllm_engine.py). Training is a PyTorch
   Elastic job (flyteplugins-pytorch) of ``train_nodes`` x ``train_nproc_per_node`` ranks, each
-  running the task body as a DeepSpeed rank (tasks/train_rank.py). When the plan names a
+  running the task body as a DeepSpeed rank (engines/train_rank.py). When the plan names a
   ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount`` and the run
   store is a POSIX path shared by all stages; otherwise run folders live in an object store
-  (``run_dir`` = ``s3://...``, tasks/run_store.py). See docs/CLUSTER.md.
+  (``run_dir`` = ``s3://...``, storage/run_store.py). See docs/CLUSTER.md.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def cluster_settings() -> dict[str, Any]:
 def run_store_pod_template(pvc_name: str, mount_path: str, container_name: str = "primary") -> flyte.PodTemplate:
     """A pod template mounting the run store's ReadWriteMany volume at ``mount_path``.
 
-    Every stage reads and writes plain paths under the run folder (workflows/run_layout.py), so
+    Every stage reads and writes plain paths under the run folder (storage/run_layout.py), so
     on a cluster all pods must see the same folder at the same path.
     """
     from kubernetes.client import (
@@ -158,7 +158,7 @@ def ray_job_config(plan: dict[str, Any]) -> Any:
 def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
     """The PyTorch Elastic config of the cluster train task (flyteplugins-pytorch; a Kubeflow
     PyTorchJob when ``nodes`` > 1). The task body then runs once per rank and acts as the worker
-    (tasks/train_rank.py) instead of launching its own torchrun."""
+    (engines/train_rank.py) instead of launching its own torchrun."""
     from flyteplugins.pytorch import Elastic
 
     return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
@@ -210,7 +210,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             pod_template=cpu_template,
             plugin_config=train_elastic_config(nodes, nproc),
             description=f"One DeepSpeed DAPO training step: PyTorch Elastic, {nodes} node(s) x {nproc} GPU(s), "
-                        "each rank running the task body (tasks/train_rank.py).",
+                        "each rank running the task body (engines/train_rank.py).",
         )
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",

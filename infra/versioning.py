@@ -28,17 +28,26 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 # Bump to invalidate every stage's cache at once (e.g. after a change of run-store layout).
 GLOBAL_SALT = "run-store-v1"
 
-# Top-level packages whose source is hashed; anything else is third-party or stdlib.
-PROJECT_PACKAGES = ("dapo_core", "schemas", "tasks", "infra", "workflows")
-
-# The folder holding pyproject.toml and the packages above.
+# The folder holding pyproject.toml and the project's packages.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _project_packages(root: Path) -> tuple[str, ...]:
+    """The top-level packages pyproject.toml installs (``[tool.setuptools.packages.find] include``)."""
+    with (root / "pyproject.toml").open("rb") as handle:
+        include = tomllib.load(handle)["tool"]["setuptools"]["packages"]["find"]["include"]
+    return tuple(sorted({pattern.rstrip("*").rstrip(".") for pattern in include}))
+
+
+# Top-level packages whose source is hashed; anything else is third-party or stdlib.
+PROJECT_PACKAGES = _project_packages(PROJECT_ROOT)
 
 
 def _module_file(root: Path, module: str) -> Path | None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import schemas
 from dapo_core.sampling import REASON_KEPT, REASON_SURPLUS
 from infra.environments import cpu_env, stage_cache
-from tasks import run_store
+from storage import run_store
 from tasks.score import group_keys_of
 
 

@@ -4,11 +4,11 @@ Two sources:
 - ``tiny`` (the default): build the character tokenizer and a small random Qwen2 model, then a
   short supervised warm-up on the worked solutions of the train split's synthetic problems,
   stopped when greedy accuracy on held-out (test split) problems enters a band (default
-  20-50 %), so that RL has room to improve (tasks/tiny_policy.py).
+  20-50 %), so that RL has room to improve (engines/tiny_policy.py).
 - a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): copied,
   or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added.
 
-Either way the result is a published checkpoint (tasks/checkpoints.py): built in a staging
+Either way the result is a published checkpoint (storage/checkpoints.py): built in a staging
 folder and renamed into place, with its lineage (config, input shards, warm-up history).
 """
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.environments import cpu_env, stage_cache
-from tasks import checkpoints, run_store
-from tasks.threads import cpu_threads
-from tasks.config_checks import check_fields
+from storage import checkpoints, run_store
+from engines.threads import cpu_threads
+from settings.checks import check_fields
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def _shard_examples(
     skipped. No usable row at all is an error naming the files.
     """
     import schemas
-    from tasks.synthetic import parse_terms, worked_solution
+    from readers.synthetic import parse_terms, worked_solution
 
     def usable(paths: list[str]) -> list[dict[str, Any]]:
         rows = []
@@ -170,7 +170,7 @@ def _shard_examples(
 
 
 def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    from tasks.tiny_policy import draw_problems, synthetic_examples
+    from engines.tiny_policy import draw_problems, synthetic_examples
 
     difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
     train_problems = draw_problems(random.Random(config.seed), config.synthetic_train_problems, split="train", **difficulty)
@@ -194,7 +194,7 @@ def build_tiny_policy(
     """
     import torch
 
-    from tasks import tiny_policy
+    from engines import tiny_policy
 
     lineage = {
         "kind": "tiny-warmup",
@@ -266,7 +266,7 @@ def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, confi
               upstream_digest: str = "") -> str:  # upstream_digest: cache key of the problems' content
     """Flyte task: publish the step-0 checkpoint at ``out_dir`` and return its folder.
 
-    ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    ``out_dir`` must be durable storage (a path, or an object-store URI: storage/run_store.py): a
     cache hit returns the path without rebuilding.
     """
     if not run_store.is_remote(out_dir):

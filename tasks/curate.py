@@ -44,9 +44,9 @@ from dapo_core.answers import (
 from dapo_core.answer_rewrite import rewrite_answer
 from infra.environments import cpu_env, stage_cache
 from schemas import Problem, RejectedProblem, write_shard
-from tasks import run_store
-from tasks.config_checks import check_fields
-from tasks.readers import CurationError, RawRecord, SourceRecords, read_input
+from storage import run_store
+from settings.checks import check_fields
+from readers.problem_files import CurationError, RawRecord, SourceRecords, read_input
 
 __all__ = ["CurateConfig", "CurateReport", "CurationError", "curate", "curate_records", "curate_sources"]
 
@@ -291,7 +291,7 @@ def curate(inputs: list[str], out_dir: str, config: CurateConfig, upstream_diges
     ``upstream_digest`` puts the input files' content into the cache key: a data file edited in
     place is curated again.
 
-    ``out_dir`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    ``out_dir`` must be durable storage (a path, or an object-store URI: storage/run_store.py): a
     cache hit returns the report without rewriting it.
     """
     with run_store.output(out_dir, folder=True) as local:

@@ -3,7 +3,7 @@
 k samples per problem are drawn with the rollout engine (paper sec. 4.1: temperature 1.0,
 top_p 0.7, avg@32 on AIME 2024) and judged with the same reward code as training. The problem set
 is our Problem shards or a raw file such as DAPO's AIME 2024 x32, whose 32 copies of a problem are
-one problem (tasks/eval_sets.py). Writes one EvalResult row per problem; the returned summary
+one problem (engines/eval_sets.py). Writes one EvalResult row per problem; the returned summary
 averages them over problems.
 """
 
@@ -21,9 +21,9 @@ from dapo_core.answers import DAPO_PROMPT_TEMPLATE
 from dapo_core.eval_metrics import pass_at_k, problem_outcome
 from dapo_core.rewards import score_responses
 from infra.environments import rollout_env, stage_cache
-from tasks import checkpoints, run_store
-from tasks.config_checks import check_fields
-from tasks.eval_sets import EvalProblem, load_eval_set
+from storage import checkpoints, run_store
+from settings.checks import check_fields
+from engines.eval_sets import EvalProblem, load_eval_set
 from tasks.rollout import RolloutConfig, generate_rollouts
 
 

@@ -11,7 +11,7 @@ Determinism: every request carries its own seed derived from (rollout seed, prob
 sample index), and rows are sorted by (problem_id, sample_index), so the output does not depend on
 how prompts are spread over engines or batched. Several engines (one per GPU, Ray actors) run when
 more than one GPU is visible; otherwise one in-process engine, kept alive between calls and given
-new weights by reload (tasks/vllm_engine.py).
+new weights by reload (engines/vllm_engine.py).
 
 Log-probs are the engine's raw log-probs (``vllm_engine.LOGPROBS_MODE``): log-softmax of the
 logits before temperature and top-p, i.e. the policy at temperature 1, which is what the trainer
@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.environments import rollout_env, stage_cache
-from tasks import checkpoints, run_store, vllm_engine
-from tasks.config_checks import check_fields
+from engines import vllm_engine
+from storage import checkpoints, run_store
+from settings.checks import check_fields
 
 
 @dataclass(frozen=True)
@@ -434,7 +435,7 @@ def rollout(
 ) -> str:
     """Flyte task: G samples for each of ``problem_ids`` into the Rollout shard ``out_path``.
 
-    ``out_path`` must be durable storage (a path, or an object-store URI: tasks/run_store.py): a
+    ``out_path`` must be durable storage (a path, or an object-store URI: storage/run_store.py): a
     cache hit returns the path without regenerating. The manifest is uploaded before the shard.
     """
     with run_store.output(out_path) as local_shard, run_store.output(manifest_path(out_path)):

@@ -26,8 +26,8 @@ from dapo_core.overlong import soft_overlong_penalty
 from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
 from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
 from infra.environments import cpu_env, stage_cache
-from tasks import run_store
-from tasks.config_checks import check_fields
+from storage import run_store
+from settings.checks import check_fields
 
 
 @dataclass(frozen=True)

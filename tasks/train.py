@@ -1,7 +1,7 @@
 """The train stage: one DeepSpeed DAPO update per pipeline step, published as the next checkpoint.
 
 ``train_step`` takes a published checkpoint and the step's ScoredRollout shards, launches
-``torchrun --standalone --nproc_per_node N -m tasks.train_worker SPEC.json`` (each step is its own
+``torchrun --standalone --nproc_per_node N -m engines.train_worker SPEC.json`` (each step is its own
 process group; gloo on CPU, NCCL on GPU; ``--standalone`` picks a free rendezvous port), and
 publishes what the workers wrote into a staging folder:
 
@@ -12,7 +12,7 @@ publishes what the workers wrote into a staging folder:
   log-probs, updates, save/export, launch overhead).
 
 By default (``keep_workers_warm``) the workers outlive the step: the first step of a process
-starts them in serve mode and later steps send them requests (``tasks/train_server.py``), which
+starts them in serve mode and later steps send them requests (``engines/train_server.py``), which
 saves process start, imports and, when the parent is the group's own last published output,
 the engine reload. A warm step gives exactly the cold step's result (the engine continues from
 memory only when that equals reloading the parent) and publishes the same full checkpoint.
@@ -20,7 +20,7 @@ memory only when that equals reloading the parent) and publishes the same full c
 The batch is checked before any process starts (empty batch, every sample overlong-filtered,
 non-finite advantages or log-probs: ``TrainStepError`` naming the step, file and row). Non-finite
 losses or gradients stop the workers. Nothing from a failed step is published: the staging folder
-is removed and the checkpoint folder never appears (tasks/checkpoints.py).
+is removed and the checkpoint folder never appears (storage/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ from typing import Any
 
 from dapo_core.losses import AGGREGATIONS
 from infra.environments import stage_cache, train_env
-from tasks import checkpoints, digests, run_store
-from tasks.config_checks import check_fields
-from tasks import train_batch as tb
-from tasks import train_server
-from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
+from storage import checkpoints, digests, run_store
+from settings.checks import check_fields
+from engines import train_batch as tb
+from engines import train_server
+from engines.train_worker import DS_META_FILE, DS_STATE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 METRICS_FILE = "train_metrics.parquet"
@@ -104,7 +104,7 @@ class TrainConfig:
     resume_optimizer: bool = True  # continue the parent's DeepSpeed optimizer state when it has one
     keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume)
     timeout_s: float = 3600.0  # wall-clock limit of one launch (warm: of one request, group start included)
-    # Keep the DeepSpeed worker group alive between steps of this process (tasks/train_server.py):
+    # Keep the DeepSpeed worker group alive between steps of this process (engines/train_server.py):
     # saves process start + engine construction per step, same results; False = one launch per step.
     keep_workers_warm: bool = True
 
@@ -388,7 +388,7 @@ def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: Tr
 def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
                  config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
                  probe_path: str | Path | None = None) -> dict[str, Any]:
-    """The JSON spec every worker rank gets (tasks/train_worker.py: WorkerSpec)."""
+    """The JSON spec every worker rank gets (engines/train_worker.py: WorkerSpec)."""
     ds_state = checkpoint_dir / DS_STATE_DIR
     return {
         "parent_checkpoint": str(checkpoint_dir.resolve()),
@@ -542,7 +542,7 @@ def train_step_in_store(
     step: int,
     config: TrainConfig,
 ) -> TrainStepResult:
-    """``train_step`` where the run store may be an object store (tasks/run_store.py).
+    """``train_step`` where the run store may be an object store (storage/run_store.py).
 
     The parent checkpoint (with its optimizer state) and the batch are fetched into the local
     mirror; the step publishes into the mirror, and the folder is uploaded with its
@@ -572,9 +572,9 @@ def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int
     """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON.
 
     Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and
-    is the worker itself (tasks/train_rank.py); otherwise it launches its own torchrun.
+    is the worker itself (engines/train_rank.py); otherwise it launches its own torchrun.
     """
-    from tasks.train_rank import running_as_elastic_rank, train_step_as_rank
+    from engines.train_rank import running_as_elastic_rank, train_step_as_rank
 
     if running_as_elastic_rank():
         ranked = train_step_as_rank(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
@@ -617,7 +617,7 @@ def clean_stale_temp_dirs(temp_root: str | Path | None = None) -> list[Path]:
     """Delete ``dapo-train-*`` temp folders whose owner process is gone (a kill -9 leaves them).
 
     Every such folder's name carries its owner's pid (``...-pid<N>-...``, see ``train_steps``
-    and tasks/train_server.py); folders of live pids and of unknown owner are left alone.
+    and engines/train_server.py); folders of live pids and of unknown owner are left alone.
     Returns the folders removed.
     """
     removed = []

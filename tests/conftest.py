@@ -22,7 +22,7 @@ def s3() -> Iterator[s3_server.S3Server]:
 @pytest.fixture
 def s3_env(s3: s3_server.S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path) -> s3_server.S3Server:
     """Point the Flyte SDK's storage config at the local S3 server; a fresh mirror folder."""
-    from tasks import run_store
+    from storage import run_store
 
     for key, value in s3.env.items():
         monkeypatch.setenv(key, value)

@@ -31,11 +31,11 @@ from typing import Any
 import flyte
 
 from infra.environments import cpu_env
-from tasks import run_store
+from storage import run_store
 from workflows.config import RunConfig, config_from_dict, load_config
 from workflows.pipeline import RunInterrupted
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 from workflows.run_records import close_open_actions
 
 

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from dapo_core.intervals import mean_interval, two_sample_change  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from tasks.run_store import write_text  # noqa: E402
+from storage.run_store import write_text  # noqa: E402
 
 
 def _mean(values: list[float | None]) -> float | None:

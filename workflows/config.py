@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tasks.config_checks import FieldError, check_fields
+from settings.checks import FieldError, check_fields
 
 
 class ConfigError(ValueError):

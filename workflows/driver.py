@@ -22,7 +22,7 @@ import schemas
 from dapo_core.intervals import paired_change
 from infra.environments import cpu_env
 from tasks.batch import assemble_batch
-from tasks import checkpoints, digests, run_store
+from storage import checkpoints, digests, run_store
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
@@ -33,7 +33,7 @@ from workflows.config import RunConfig, config_from_dict
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
 from workflows.run_binding import check_run_record
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 from workflows.seeds import derive_seed
 from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
 from workflows.verified_calls import call_verified
@@ -203,7 +203,7 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
-    # per run folder at a time. (An object store has no staging folders: tasks/run_store.py.)
+    # per run folder at a time. (An object store has no staging folders: storage/run_store.py.)
     if not run_store.is_remote(layout.root):
         checkpoints.clean_stale_staging(layout.checkpoints_dir)
 

@@ -19,8 +19,8 @@ from typing import Any
 import pyarrow.compute as pc
 
 import schemas
-from tasks import checkpoints, run_store
-from workflows.run_layout import RunLayout
+from storage import checkpoints, run_store
+from storage.run_layout import RunLayout
 
 
 class LineageError(LookupError):

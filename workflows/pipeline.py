@@ -8,7 +8,7 @@
     -> evaluate(final) -> report + summary.json
 
 Every child task is cached with a version derived from its code (infra/versioning.py) and
-writes to explicit paths in the run folder (workflows/run_layout.py), so re-running a run that
+writes to explicit paths in the run folder (storage/run_layout.py), so re-running a run that
 failed or was killed re-executes only what did not finish. The driver itself is not cached: it
 replays its loop, and every finished task is a cache hit that returns the same outputs, which
 puts the loop back into exactly the same state (problem cursor, surplus groups).
@@ -26,10 +26,10 @@ from typing import Any
 
 import flyte
 
-from tasks import run_store
+from storage import run_store
 from workflows.config import RunConfig, load_config
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
@@ -40,7 +40,7 @@ def _flyte_config(layout: RunLayout) -> Path:
 
     Flyte 2 keeps its local cache next to the config file in use, so a per-run config means a
     deleted run folder can never leave cache entries that point at deleted shards. For a run in
-    an object store this folder is in the local mirror (tasks/run_store.py): the cache and
+    an object store this folder is in the local mirror (storage/run_store.py): the cache and
     records belong to the machine that drives the run.
     """
     flyte_dir = run_store.local_path(layout.flyte_dir)
@@ -121,7 +121,7 @@ def stop_workers() -> None:
 
     Called on Ctrl-C, while a task thread may still hold the group's lock: kills without it.
     """
-    from tasks import train_server, vllm_engine
+    from engines import train_server, vllm_engine
 
     train_server.stop_now()
     vllm_engine.clear_engine_cache()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.intervals import binomial_change, mean_interval
-from tasks.run_store import write_text
+from storage.run_store import write_text
 from workflows.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart
 
 

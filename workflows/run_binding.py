@@ -13,7 +13,7 @@ and summary than the config would describe.
 invocation, so two drivers never write one run folder; the holder's pid, host and start
 time are written inside for the refusal message. The kernel drops the lock when its process
 dies, so the lock of a killed run is free again; it is reported as taken over. For a run
-root in an object store the lock lives on the run's local mirror folder (tasks/run_store.py),
+root in an object store the lock lives on the run's local mirror folder (storage/run_store.py),
 which guards one machine only: drive an object-store run from one machine at a time.
 """
 

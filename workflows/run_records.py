@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import run_store
-from workflows.run_layout import RunLayout
+from storage import run_store
+from storage.run_layout import RunLayout
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Cache keys are the tasks' inputs, output paths included, not the outputs' contents: a cache hit
 returns what the task returned the first time, even when the shard or checkpoint it names was
 deleted or damaged since. So the driver calls every task through ``call_verified``, which checks
-each output the call publishes (tasks/digests.py) and, when one is missing, damaged or has no
+each output the call publishes (storage/digests.py) and, when one is missing, damaged or has no
 record, deletes that call's outputs and runs the task once more with its cache disabled for this
 call (``task.override(cache="disable")``: the body runs on the laptop and on a cluster alike).
 The re-made outputs land at the same paths with fresh records, so later re-runs hit the
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tasks import digests
+from storage import digests
 
 
 class DamagedOutputError(RuntimeError):

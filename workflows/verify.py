@@ -1,7 +1,7 @@
 """``dapo verify RUN``: check every output of a run folder against its digest record.
 
 Walks the run folder (a path or an object-store URI), checks each digest record
-(``<output>.sha256.json``, tasks/digests.py) against the files it names, and reports what is
+(``<output>.sha256.json``, storage/digests.py) against the files it names, and reports what is
 missing or damaged, one line per file. Shards and checkpoint files that no record covers, and a
 ``summary.json`` whose final checkpoint is gone, are reported too: deleting an output together
 with its record must not make a run look intact. Exit status 1 when anything is wrong.
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from tasks import checkpoints, digests, run_store
-from workflows.run_layout import RunLayout
+from storage import checkpoints, digests, run_store
+from storage.run_layout import RunLayout
 
 # Written by the driver itself on every invocation (not task outputs): not recorded.
 _UNRECORDED = ("run.json", "summary.json")

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import schemas
-from tasks import checkpoints
+from storage import checkpoints
 from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import checkpoints
+from storage import checkpoints
 from tests.e2e.test_pipeline import DAPO, REPO, SMALL, _env
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 from workflows.run_records import action_records
 
 pytestmark = pytest.mark.slow

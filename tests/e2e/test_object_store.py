@@ -1,7 +1,7 @@
 """The tiny pipeline with its run folder in an object store (a local S3 server, moto).
 
 What a cluster without a shared filesystem does: `dapo run --run-root s3://...` writes every
-shard, checkpoint, record and the report to S3 through tasks/run_store.py, and `dapo lineage`
+shard, checkpoint, record and the report to S3 through storage/run_store.py, and `dapo lineage`
 reads the run back from S3. Checked: every shard in the store validates against its schema, each
 checkpoint has its marker and names its S3 inputs, nothing half-written (temp or staging names)
 reaches the store, a re-run is all cache hits, and lineage names S3 URIs.
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 import schemas
-from tasks import checkpoints, run_store
-from workflows.run_layout import RunLayout
+from storage import checkpoints, run_store
+from storage.run_layout import RunLayout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_pipeline import DAPO, REPO, SMALL, _env  # noqa: E402

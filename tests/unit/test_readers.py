@@ -1,4 +1,4 @@
-"""Source readers of the curation stage (tasks/readers.py): layouts, specs and bad input."""
+"""Source readers of the curation stage (readers/problem_files.py): layouts, specs and bad input."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, render_prompt
-from tasks.readers import CurationError, parse_input_spec, read_input
+from readers.problem_files import CurationError, parse_input_spec, read_input
 
 
 def chat(text: str) -> list[dict[str, str]]:
@@ -117,7 +117,7 @@ def test_synthetic_source_is_deterministic() -> None:
     assert a == b and a.source == "synthetic" and len(a.records) == 20
     first = a.records[0]
     # The answer is the sum of the terms of the problem text, e.g. "7+3-2" -> 8.
-    from tasks.synthetic import parse_terms
+    from readers.synthetic import parse_terms
     assert int(first.answer or "") == sum(parse_terms(first.problem or ""))
     with pytest.raises(CurationError, match="unknown option"):
         read_input("synthetic:n=2,colour=red")

@@ -94,7 +94,7 @@ def test_stale_train_temp_folders_are_removed(tmp_path: Path) -> None:
 
 
 def test_published_checkpoint_files_are_world_readable(tmp_path: Path) -> None:
-    from tasks import checkpoints
+    from storage import checkpoints
 
     final = tmp_path / "ckpt" / "step-1"
     staging = checkpoints.staging_dir(final)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import run_store
+from storage import run_store
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -35,7 +35,7 @@ def test_paths_and_uris_are_told_apart(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_the_folder_marker_is_the_checkpoint_metadata_file() -> None:
-    from tasks import checkpoints
+    from storage import checkpoints
 
     assert run_store.FOLDER_MARKER == checkpoints.METADATA_FILE
 
@@ -127,4 +127,4 @@ def test_download_tree_can_skip_weights(root: str, tmp_path: Path) -> None:
     dest = run_store.download_tree(root, tmp_path / "records", exclude_suffixes=(".safetensors", ".pt"))
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
         "checkpoints/step-0001.sha256.json", f"checkpoints/step-0001/{run_store.FOLDER_MARKER}"
-    ]  # the folder's digest record (tasks/digests.py) is a record too
+    ]  # the folder's digest record (storage/digests.py) is a record too

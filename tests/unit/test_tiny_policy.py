@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tasks import checkpoints, tiny_policy
-from tasks.synthetic import ALPHABET
+from engines import tiny_policy
+from storage import checkpoints
+from readers.synthetic import ALPHABET
 
 
 def test_vocabulary_is_specials_then_alphabet() -> None:
@@ -83,7 +84,7 @@ def test_max_solution_tokens_bounds_real_solutions() -> None:
     # max_terms=2, max_operand=20: totals up to 40 -> 2 digits + sign = 3 chars;
     # line "ttt+20=ttt\n" = 3+1+2+1+3+1 = 11; answer "Answer: ttt" = 8+3 = 11; + EOS = 23.
     assert tiny_policy.max_solution_tokens(2, 20) == 23
-    from tasks.synthetic import worked_solution
+    from readers.synthetic import worked_solution
 
     assert len(worked_solution("20-20")) + 1 <= 23
 

@@ -62,8 +62,8 @@ def test_closures_hold_the_modules_the_hand_written_lists_missed() -> None:
     assert "dapo_core/answer_extraction.py" in _rel(REPO, "tasks.evaluate")
     train = _rel(REPO, "tasks.train")
     assert {"dapo_core/logprobs.py", "dapo_core/advantages.py", "dapo_core/losses.py"} <= train
-    # started as processes, not only imported: torchrun -m tasks.train_worker, the elastic rank body
-    assert {"tasks/train_worker.py", "tasks/train_rank.py", "tasks/train_server.py"} <= train
+    # started as processes, not only imported: torchrun -m engines.train_worker, the elastic rank body
+    assert {"engines/train_worker.py", "engines/train_rank.py", "engines/train_server.py"} <= train
     # importing a submodule runs its package's __init__ first
     assert {"tasks/__init__.py", "dapo_core/__init__.py", "schemas/__init__.py"} <= train
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.disk_space import writing
-from tasks import run_store
+from storage import run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
@@ -62,7 +62,7 @@ def make_checkpoint_id(produced_by: str, step: int, folder: str | Path) -> str:
 
 def is_complete(folder: str | Path) -> bool:
     """True when ``folder`` (a path, or an object-store URI) is a published checkpoint: its
-    metadata file exists (uploaded last: tasks/run_store.py)."""
+    metadata file exists (uploaded last: storage/run_store.py)."""
     if run_store.is_remote(folder):
         return run_store.exists(run_store.join(folder, METADATA_FILE))
     return (Path(folder) / METADATA_FILE).is_file()

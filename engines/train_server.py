@@ -1,13 +1,13 @@
 """A warm DeepSpeed worker group that serves training steps across pipeline steps.
 
 A cold training step (``TrainConfig.keep_workers_warm=False``) launches ``torchrun ... -m
-tasks.train_worker SPEC`` and pays process start, imports and engine construction (~8 s of an
+engines.train_worker SPEC`` and pays process start, imports and engine construction (~8 s of an
 ~11 s tiny step) every time. The pipeline driver calls the train task once per step from one
 long-lived process, so by default the first step starts the workers in *serve* mode and later
-steps of the same process send them requests through a file mailbox (``tasks/train_worker.py``
+steps of the same process send them requests through a file mailbox (``engines/train_worker.py``
 documents the worker side):
 
-    owner (this module)                        every rank (tasks/train_worker.py: _serve)
+    owner (this module)                        every rank (engines/train_worker.py: _serve)
     request-N.json   (tmp + rename)  ------>   picks it up, writes ack-N.rankR
                                                continue in memory, or rebuild from the parent folder
     result-N.json    <------ (tmp + rename)    rank 0: one metrics dict per step
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.run_store import write_text
-from tasks.train_worker import ack_path, error_prefix, process_start_ticks, request_path, result_path
+from storage.run_store import write_text
+from engines.train_worker import ack_path, error_prefix, process_start_ticks, request_path, result_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ACK_TIMEOUT_S = 60.0  # a ready group picks a request up within ~20 ms; silence this long = hung
@@ -204,9 +204,9 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
-    """The one-node torchrun launch of ``tasks.train_worker`` (cold and warm paths alike)."""
+    """The one-node torchrun launch of ``engines.train_worker`` (cold and warm paths alike)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-            "-m", "tasks.train_worker", str(spec_path)]
+            "-m", "engines.train_worker", str(spec_path)]
 
 
 def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:

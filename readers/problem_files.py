@@ -6,7 +6,7 @@ An input is named by a spec string (``parse_input_spec``):
 - ``hf:NAME_OR_PATH`` - a Hugging Face ``datasets`` data set (a ``save_to_disk`` folder or a local
   loading script/data folder; offline, nothing is downloaded), one source per split;
 - ``synthetic:n=2000,seed=0,min_terms=2,max_terms=5,max_operand=50[,test_fraction=0.1]`` -
-  arithmetic problems from ``tasks/synthetic.py``;
+  arithmetic problems from ``readers/synthetic.py``;
 - any of the above followed by ``@train`` or ``@test`` forces the split of all its rows.
 
 Layouts: verl/DAPO (``prompt`` chat messages + ``reward_model.ground_truth``; the bare problem is
@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dapo_core.answers import extract_boxed, extract_gsm8k_answer, unwrap_prompt
-from tasks import run_store
-from tasks.synthetic import make_problem
+from storage import run_store
+from readers.synthetic import make_problem
 
 SPLIT_SUFFIXES = ("@train", "@test")
 
@@ -120,7 +120,7 @@ _SYNTHETIC_DEFAULTS = {"n": "2000", "seed": "0", "min_terms": "2", "max_terms": 
 
 
 def read_synthetic(spec: InputSpec) -> SourceRecords:
-    """``n`` arithmetic problems from tasks/synthetic.py, drawn with ``random.Random(seed)``."""
+    """``n`` arithmetic problems from readers/synthetic.py, drawn with ``random.Random(seed)``."""
     unknown = set(spec.options) - set(_SYNTHETIC_DEFAULTS) - {"test_fraction"}
     if unknown:
         raise CurationError(f"input synthetic: unknown option(s) {sorted(unknown)}; known: {sorted(_SYNTHETIC_DEFAULTS)} + test_fraction")

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import schemas
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, problem_id
 from tasks.curate import CurateConfig, curate_records
-from tasks.readers import read_input
+from readers.problem_files import read_input
 
 
 @dataclass(frozen=True)

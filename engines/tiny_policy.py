@@ -1,12 +1,12 @@
 """The tiny offline policy: a character tokenizer, a small Qwen2 model, and its supervised warm-up.
 
 Nothing can be downloaded from a model hub, so the default pipeline trains a policy it builds
-itself. The tokenizer is one token per character of ``tasks.synthetic.ALPHABET`` plus special
+itself. The tokenizer is one token per character of ``readers.synthetic.ALPHABET`` plus special
 tokens, built with the ``tokenizers`` library and saved as ``tokenizer.json`` +
 ``tokenizer_config.json`` (with a chat template that renders the last user message verbatim), so
 vLLM and transformers both load it. The model is transformers' ``Qwen2ForCausalLM`` in fp32 (so
 the rollout engine's log-probs match the trainer's, see tasks/rollout.py), saved with
-``save_pretrained`` (safetensors) as a published checkpoint (tasks/checkpoints.py).
+``save_pretrained`` (safetensors) as a published checkpoint (storage/checkpoints.py).
 
 The supervised warm-up teaches the worked-solution format on the train split and stops early,
 inside a band of greedy accuracy on held-out problems (default 20-50 %), so that RL has room to
@@ -29,8 +29,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from tasks import checkpoints
-from tasks.synthetic import ALPHABET, make_problem, worked_solution
+from storage import checkpoints
+from readers.synthetic import ALPHABET, make_problem, worked_solution
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"

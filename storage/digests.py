@@ -23,7 +23,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
-from tasks import run_store
+from storage import run_store
 
 RECORD_SUFFIX = ".sha256.json"
 _CHUNK_BYTES = 1 << 20

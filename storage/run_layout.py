@@ -2,7 +2,7 @@
 
 The driver hands each task explicit output paths from here, so a task never writes into a
 temporary folder that a cache entry could outlive, and the lineage command finds everything
-by walking the same layout. The root is a path or an object-store URI (tasks/run_store.py), so
+by walking the same layout. The root is a path or an object-store URI (storage/run_store.py), so
 every name is a string joined the same way for both.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tasks.run_store import join
+from storage.run_store import join
 
 
 @dataclass(frozen=True)

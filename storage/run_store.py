@@ -15,7 +15,7 @@ temp-then-rename:
   object visible whole or not at all, so a reader never sees half a shard;
 - a folder (a checkpoint) is uploaded file by file with its *marker* (``dapo_checkpoint.json``)
   last, after anything an earlier, killed attempt left under that prefix was deleted; readers
-  treat a folder without its marker as absent (tasks/checkpoints.py), as on a filesystem.
+  treat a folder without its marker as absent (storage/checkpoints.py), as on a filesystem.
 
 Credentials and endpoints come from the Flyte SDK's storage configuration (``flyte.storage``:
 ``FLYTE_AWS_ENDPOINT``, ``FLYTE_AWS_ACCESS_KEY_ID`` ... or the pod's workload identity), i.e.
@@ -38,7 +38,7 @@ from typing import Any
 from schemas.disk_space import writing
 
 MIRROR_ENV = "DAPO_MIRROR_DIR"
-FOLDER_MARKER = "dapo_checkpoint.json"  # = tasks.checkpoints.METADATA_FILE (kept import-free)
+FOLDER_MARKER = "dapo_checkpoint.json"  # = storage.checkpoints.METADATA_FILE (kept import-free)
 
 
 class RunStoreError(RuntimeError):
@@ -247,9 +247,9 @@ def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
     For a local ``path`` this yields the path itself (the stage code's own atomic writes apply).
     For a URI it yields the mirror location, cleared first, and uploads it afterwards: one
     object for a file, or the folder with its marker last (``folder=True``). Either way the
-    output's digest record is written last, beside it (tasks/digests.py).
+    output's digest record is written last, beside it (storage/digests.py).
     """
-    from tasks import digests  # imports this module
+    from storage import digests  # imports this module
 
     if not is_remote(path):
         yield local_path(path)

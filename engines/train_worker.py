@@ -1,7 +1,7 @@
 """One DeepSpeed DAPO training step, run in every process of a torchrun launch.
 
 ``tasks/train.py`` writes a JSON spec and launches ``torchrun --standalone --nproc_per_node N -m
-tasks.train_worker SPEC``; each step is its own process group, so nothing (a hung collective, a
+engines.train_worker SPEC``; each step is its own process group, so nothing (a hung collective, a
 leaked CUDA context) survives into the next step. Per process:
 
 1. **load** - join the process group (gloo on CPU, NCCL on GPU), load the parent HF checkpoint,
@@ -31,7 +31,7 @@ leaked CUDA context) survives into the next step. Per process:
 Any failure (non-finite loss or gradient, bad rows) raises with the step named; rank 0 writes the
 message to ``error_path`` for the parent to report.
 
-**Serve mode** (``serve_dir`` set in the spec; ``tasks/train_server.py`` launches it when
+**Serve mode** (``serve_dir`` set in the spec; ``engines/train_server.py`` launches it when
 ``TrainConfig.keep_workers_warm``): the processes stay alive after a step and take further
 requests from a file mailbox, so the ~4 s of process start/imports and the engine construction
 are paid once per run instead of once per step. Each rank polls ``serve_dir`` for
@@ -72,8 +72,8 @@ from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
 from schemas.disk_space import writing
-from tasks import train_batch as tb
-from tasks.run_store import write_text
+from engines import train_batch as tb
+from storage.run_store import write_text
 
 DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
 DS_META_FILE = "dapo_ds_meta.json"  # how the DeepSpeed state was laid out (world size, stage)
@@ -119,7 +119,7 @@ class WorkerSpec:
     activation_checkpointing: bool = False  # TrainConfig.activation_checkpointing
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
-    serve_dir: str | None = None  # serve mode: the request mailbox (tasks/train_server.py); None = one launch
+    serve_dir: str | None = None  # serve mode: the request mailbox (engines/train_server.py); None = one launch
     owner_pid: int | None = None  # serve mode: exit when this process is gone
     owner_start_ticks: int | None = None  # its start time (/proc/PID/stat field 22): pids get reused
 
@@ -707,7 +707,7 @@ def _serve(base: WorkerSpec, rank: int) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tasks.train_worker SPEC.json (launched by torchrun)", file=sys.stderr)
+        print("usage: python -m engines.train_worker SPEC.json (launched by torchrun)", file=sys.stderr)
         return 2
     spec = WorkerSpec.from_json(argv[0])
     if spec.serve_dir is not None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tasks.threads import cpu_threads as resolve_cpu_threads
+from engines.threads import cpu_threads as resolve_cpu_threads
 
 if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
     from vllm import LLM, RequestOutput, SamplingParams

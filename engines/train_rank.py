@@ -6,11 +6,11 @@ plugin's ``Elastic(nnodes, nproc_per_node)`` attached to the train environment
 ``nproc_per_node`` copies of the task body instead, one per rank, with RANK / WORLD_SIZE /
 MASTER_ADDR set; the body must then *be* the worker. ``train_step_as_rank`` is that body: every
 rank validates the batch, builds the same worker spec (tasks/train.py: _worker_spec), joins the
-process group and runs the step (tasks/train_worker.py, the same code the torchrun launch runs);
+process group and runs the step (engines/train_worker.py, the same code the torchrun launch runs);
 rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
 rank 0's). The staging and work folders are named from the out folder and the elastic run id,
 so every rank on a node agrees on them without talking. On a shared filesystem they sit beside
-the out folder, which all nodes mount; on an object store (tasks/run_store.py) each node has
+the out folder, which all nodes mount; on an object store (storage/run_store.py) each node has
 them in its own mirror, uploads its ranks' files, and rank 0 uploads the marker last.
 """
 
@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks import checkpoints, digests, run_store
+from storage import checkpoints, digests, run_store
 from tasks.train import (
     TrainConfig,
     TrainStepError,
@@ -36,7 +36,7 @@ from tasks.train import (
     _publish_step,
     _worker_spec,
 )
-from tasks.train_worker import DS_META_FILE, DS_STATE_DIR
+from engines.train_worker import DS_META_FILE, DS_STATE_DIR
 
 
 def running_as_elastic_rank() -> bool:
@@ -66,14 +66,14 @@ def train_step_as_rank(
     """
     import torch.distributed as dist
 
-    from tasks import train_worker as tw
+    from engines import train_worker as tw
 
     t_start = time.perf_counter()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world != config.num_processes and rank == 0:
         warnings.warn(f"train.num_processes={config.num_processes} but the elastic job has {world} ranks; "
                       f"training on {world}", RuntimeWarning, stacklevel=2)
-    # On an object store every node works in its own mirror (tasks/run_store.py): the parent is
+    # On an object store every node works in its own mirror (storage/run_store.py): the parent is
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
     out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

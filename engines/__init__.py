@@ -1,0 +1,1 @@
+"""engines: see docs/ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""readers: see docs/ARCHITECTURE.md."""

@@ -1,0 +1,1 @@
+"""settings: see docs/ARCHITECTURE.md."""
