@@ -26,7 +26,12 @@ import statistics
 import time
 from pathlib import Path
 
-from dapo_core.rewards import REWARD_VERSION, score_responses, shutdown_reward_pool, summarize_verdicts
+from dapo_core.rewards import (
+    REWARD_VERSION,
+    score_responses,
+    shutdown_reward_pool,
+    summarize_verdicts,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data" / "dapo-math-17k.dedup.parquet"

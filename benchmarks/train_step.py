@@ -1,4 +1,4 @@
-"""Benchmark DAPO training steps (tasks/train.py), cold vs warm: per-step time and where it goes.
+"""Benchmark DAPO training steps (engines/train_launch.py), cold vs warm: per-step time and where it goes.
 
 Builds the tiny default policy (random weights, engines/tiny_policy.py) and ScoredRollout batches
 shaped like the tiny pipeline's (prompts x G samples, synthetic token ids), then runs ``--steps``
@@ -35,10 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines import train_server
-from tasks.train import TrainConfig, TrainStepResult, train_step  # noqa: E402
 from train_fixtures import scored_row, write_scored  # noqa: E402
+
+from engines import train_server
+from engines.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train_launch import TrainStepResult, train_step
+from settings.train import TrainConfig  # noqa: E402
 
 
 def make_batch(path: Path, *, prompts: int, group: int, vocab: int, prompt_tokens: int, max_response: int,

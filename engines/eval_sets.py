@@ -7,7 +7,7 @@ where there are 30, and weight each problem by how often it was copied. Here cop
 many copies it had; the evaluation then draws k samples of it, and k defaults to that count
 (``EvalConfig.samples_per_problem = 0``).
 
-Raw files go through the curation code (tasks/curate.py: integer-answer conversion, the same
+Raw files go through the curation code (engines/curation.py: integer-answer conversion, the same
 ``problem_id``), so an evaluation problem and a curated training problem with the same text have
 the same id. A raw row whose answer cannot be converted cannot be scored: it is dropped and
 counted, with its reason, in ``EvalSet.rejected`` (raw evaluation rows are never rewritten).
@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 import schemas
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, problem_id
-from tasks.curate import CurateConfig, curate_records
+from engines.curation import curate_records
 from readers.problem_files import read_input
+from settings.curate import CurateConfig
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ itself. The tokenizer is one token per character of ``readers.synthetic.ALPHABET
 tokens, built with the ``tokenizers`` library and saved as ``tokenizer.json`` +
 ``tokenizer_config.json`` (with a chat template that renders the last user message verbatim), so
 vLLM and transformers both load it. The model is transformers' ``Qwen2ForCausalLM`` in fp32 (so
-the rollout engine's log-probs match the trainer's, see tasks/rollout.py), saved with
+the rollout engine's log-probs match the trainer's, see engines/rollout.py), saved with
 ``save_pretrained`` (safetensors) as a published checkpoint (storage/checkpoints.py).
 
 The supervised warm-up teaches the worked-solution format on the train split and stops early,
@@ -27,10 +27,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
-from storage import checkpoints
 from readers.synthetic import ALPHABET, make_problem, worked_solution
+from storage import checkpoints
 
 PAD_TOKEN = "<pad>"
 EOS_TOKEN = "<eos>"

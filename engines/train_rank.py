@@ -1,11 +1,11 @@
 """A training step run by the ranks themselves: the multi-node path of the Flyte PyTorch plugin.
 
-Locally and on one node the train task launches its own ``torchrun`` (tasks/train.py). With the
+Locally and on one node the train task launches its own ``torchrun`` (engines/train_launch.py). With the
 plugin's ``Elastic(nnodes, nproc_per_node)`` attached to the train environment
 (infra/environments.py, cluster target), the elastic agent on every node starts
 ``nproc_per_node`` copies of the task body instead, one per rank, with RANK / WORLD_SIZE /
 MASTER_ADDR set; the body must then *be* the worker. ``train_step_as_rank`` is that body: every
-rank validates the batch, builds the same worker spec (tasks/train.py: _worker_spec), joins the
+rank validates the batch, builds the same worker spec (engines/train_launch.py: _worker_spec), joins the
 process group and runs the step (engines/train_worker.py, the same code the torchrun launch runs);
 rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
 rank 0's). The staging and work folders are named from the out folder and the elastic run id,
@@ -26,17 +26,17 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from storage import checkpoints, digests, run_store
-from tasks.train import (
-    TrainConfig,
+from engines.train_launch import (
     TrainStepError,
     TrainStepResult,
     _check_batches,
-    published_result,
     _publish_step,
     _worker_spec,
+    published_result,
 )
 from engines.train_worker import DS_META_FILE, DS_STATE_DIR
+from settings.train import TrainConfig
+from storage import checkpoints, digests, run_store
 
 
 def running_as_elastic_rank() -> bool:
@@ -62,7 +62,7 @@ def train_step_as_rank(
 ) -> TrainStepResult | None:
     """This rank's part of one DAPO step; rank 0 publishes and returns the result, others None.
 
-    Same update as ``tasks.train.train_step`` with ``num_processes`` = the elastic world size.
+    Same update as ``engines.train_launch.train_step`` with ``num_processes`` = the elastic world size.
     """
     import torch.distributed as dist
 

@@ -17,7 +17,7 @@ Exactness: the owner asks the group to continue from memory ONLY when the parent
 is the one this group last produced and that was published, and the cold path would resume its
 optimizer state; the workers re-check the parent's ds_state record. Otherwise the engine is
 rebuilt from disk exactly as a cold launch builds it. Every step still publishes its full
-checkpoint (HF export + ds_state) before returning (tasks/train.py).
+checkpoint (HF export + ds_state) before returning (engines/train_launch.py).
 
 Lifecycle: one group per owner process, keyed by everything baked into the engine (the whole
 TrainConfig except its timeout and this switch, plus the worker environment); another key stops
@@ -43,8 +43,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.train_worker import (
+    ack_path,
+    error_prefix,
+    process_start_ticks,
+    request_path,
+    result_path,
+)
 from storage.run_store import write_text
-from engines.train_worker import ack_path, error_prefix, process_start_ticks, request_path, result_path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ACK_TIMEOUT_S = 60.0  # a ready group picks a request up within ~20 ms; silence this long = hung
@@ -232,7 +238,7 @@ _active: WorkerGroup | None = None
 
 
 def lock() -> threading.RLock:
-    """Held by tasks/train.py around a warm step: one step at a time uses the group."""
+    """Held by engines/train_launch.py around a warm step: one step at a time uses the group."""
     return _lock
 
 

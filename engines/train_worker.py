@@ -1,6 +1,6 @@
 """One DeepSpeed DAPO training step, run in every process of a torchrun launch.
 
-``tasks/train.py`` writes a JSON spec and launches ``torchrun --standalone --nproc_per_node N -m
+``engines/train_launch.py`` writes a JSON spec and launches ``torchrun --standalone --nproc_per_node N -m
 engines.train_worker SPEC``; each step is its own process group, so nothing (a hung collective, a
 leaked CUDA context) survives into the next step. Per process:
 
@@ -26,7 +26,7 @@ leaked CUDA context) survives into the next step. Per process:
    on the micro-batch size or the process count.
 4. **save/export** - the DeepSpeed checkpoint (``ds_state/``, with optimizer state) and the
    consolidated HF checkpoint (safetensors + config + tokenizer files) into the staging folder;
-   ``tasks/train.py`` publishes it. Rank 0 writes the step's metrics as JSON.
+   ``engines/train_launch.py`` publishes it. Rank 0 writes the step's metrics as JSON.
 
 Any failure (non-finite loss or gradient, bad rows) raises with the step named; rank 0 writes the
 message to ``error_path`` for the parent to report.
@@ -50,10 +50,10 @@ and PR_SET_PDEATHSIG ties each rank to its torchrun agent.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
-import gc
 import shutil
 import signal
 import sys
@@ -71,8 +71,8 @@ from dapo_core.correction import behaviour_weights, policy_lags
 from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
-from schemas.disk_space import writing
 from engines import train_batch as tb
+from schemas.disk_space import writing
 from storage.run_store import write_text
 
 DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
@@ -88,7 +88,7 @@ class TrainStepFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """The JSON spec ``tasks/train.py`` hands to every worker process (fields as in TrainConfig)."""
+    """The JSON spec ``engines/train_launch.py`` hands to every worker process (fields as in TrainConfig)."""
 
     parent_checkpoint: str  # HF folder of the policy to update
     resume_ds_state: str | None  # the parent's ds_state/ folder, or None for a fresh optimizer
@@ -129,7 +129,7 @@ class WorkerSpec:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> WorkerSpec:
-        """From the JSON form (tasks/train.py: _worker_spec), where ``betas`` is a list."""
+        """From the JSON form (engines/train_launch.py: _worker_spec), where ``betas`` is a list."""
         return cls(**{**raw, "betas": tuple(raw["betas"])})
 
 
@@ -292,7 +292,7 @@ class _StepRunner:
         try:
             lags = policy_lags(batch.policy_versions, current_version=parent_version)  # [B]
         except ValueError as err:
-            raise TrainStepFailure(f"step {step}: {err} (tasks/train.py refuses such batches before launch)") from err
+            raise TrainStepFailure(f"step {step}: {err} (engines/train_launch.py refuses such batches before launch)") from err
         stale = lags > 0
         # Which samples get the behaviour weight (decoupled PPO, dapo_core/correction.py): keyed on
         # each sample's policy lag, whatever made it stale (carried surplus, pipelined rollout).

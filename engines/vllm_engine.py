@@ -46,7 +46,7 @@ class EngineSettings:
 
     dtype: str = "float32"  # fp32 for the tiny model: log-probs then match transformers exactly
     max_model_len: int = 512  # prompt + response tokens per sequence
-    seed: int = 0  # engine-level seed; every request also carries its own (see tasks/rollout.py)
+    seed: int = 0  # engine-level seed; every request also carries its own (see engines/rollout.py)
     cpu_threads: int = 0  # OpenMP threads on CPU; 0 = all cores this process may use
     cpu_kvcache_gib: int = 1  # KV-cache budget on CPU (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.85  # fraction of GPU memory vLLM may take (CUDA only)
@@ -171,7 +171,9 @@ def _refresh_cpu_output_projections(model: torch.nn.Module) -> None:
     weight fixes it; it is cheap (one vocabulary x hidden matrix).
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        VocabParallelEmbedding,
+    )
 
     for module in model.modules():
         if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):

@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dapo_core.answers import extract_boxed, extract_gsm8k_answer, unwrap_prompt
-from storage import run_store
 from readers.synthetic import make_problem
+from storage import run_store
 
 SPLIT_SUFFIXES = ("@train", "@test")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from storage import run_store

@@ -1,133 +1,17 @@
-"""The evaluation stage: avg@k, pass@k and maj@k of a checkpoint on a problem set.
+"""The evaluate stage as a Flyte task: avg@k / pass@k / maj@k of a checkpoint on held-out problems.
 
-k samples per problem are drawn with the rollout engine (paper sec. 4.1: temperature 1.0,
-top_p 0.7, avg@32 on AIME 2024) and judged with the same reward code as training. The problem set
-is our Problem shards or a raw file such as DAPO's AIME 2024 x32, whose 32 copies of a problem are
-one problem (engines/eval_sets.py). Writes one EvalResult row per problem; the returned summary
-averages them over problems.
+The work is engines/evaluation.py; settings: settings/evaluate.py; ``dapo eval``: workflows/commands/evaluate.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
-import time
-from dataclasses import dataclass
-from typing import Any
 
-import schemas
-from dapo_core.answers import DAPO_PROMPT_TEMPLATE
-from dapo_core.eval_metrics import pass_at_k, problem_outcome
-from dapo_core.rewards import score_responses
+from engines.evaluation import evaluate_checkpoint
 from infra.environments import rollout_env, stage_cache
-from storage import checkpoints, run_store
-from settings.checks import check_fields
-from engines.eval_sets import EvalProblem, load_eval_set
-from tasks.rollout import RolloutConfig, generate_rollouts
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Sampling and scoring of an evaluation (defaults: the paper's avg@k protocol, sec. 4.1)."""
-
-    eval_set: str = "heldout"  # name recorded in EvalResult.eval_set
-    samples_per_problem: int = 32  # k samples per problem (paper: avg@32); 0 = one per copy of the problem in the input
-    temperature: float = 1.0  # sampling temperature (paper: 1.0)
-    top_p: float = 0.7  # nucleus sampling (paper: 0.7)
-    max_response_tokens: int = 64  # response cap (use the training cap)
-    max_problems: int = 0  # evaluate only the first N problems of the set; 0 = all
-    seed: int = 0  # sampling seed (per-request seeds derive from it)
-    reward_timeout_s: float = 5.0  # wall-clock limit per verdict
-    prompt_template: str = ""  # renders raw (non-Problem) input rows; "" = DAPO's template
-
-    def __post_init__(self) -> None:
-        check_fields(self, {
-            "samples_per_problem": (self.samples_per_problem >= 0, "must be >= 0 (0 = one per copy)"),
-            "temperature": (self.temperature > 0, "must be > 0"),
-            "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
-            "max_response_tokens": (self.max_response_tokens >= 1, "must be >= 1"),
-            "max_problems": (self.max_problems >= 0, "must be >= 0 (0 = all)"),
-            "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),
-        })
-
-
-def evaluate_checkpoint(
-    checkpoint_dir: str,
-    problem_paths: list[str],
-    out_path: str,
-    step: int,
-    config: EvalConfig,
-    engine_config: RolloutConfig = RolloutConfig(),
-) -> dict[str, Any]:
-    """Sample, judge, write EvalResult rows to ``out_path``; returns the summary over problems.
-
-    ``engine_config`` supplies the engine fields (dtype, threads, KV cache...): pass the run's
-    rollout config so evaluation reuses the rollout engine instead of starting a second one in
-    the same process (vLLM's in-process engines disturb each other).
-    """
-    started = time.perf_counter()
-    eval_set = load_eval_set(problem_paths, prompt_template=config.prompt_template or DAPO_PROMPT_TEMPLATE)
-    problems = eval_set.problems[: config.max_problems] if config.max_problems else eval_set.problems
-    gold = {p.problem_id: p.answer for p in problems}
-    # k per problem: the configured k, or (0) as many samples as the input had copies (AIME x32).
-    by_k: dict[int, list[EvalProblem]] = {}
-    for p in problems:
-        by_k.setdefault(config.samples_per_problem or p.copies, []).append(p)
-    rows: list[dict[str, Any]] = []
-    for k, members in by_k.items():
-        rollout_config = dataclasses.replace(
-            engine_config,
-            samples_per_prompt=k,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_response_tokens=config.max_response_tokens,
-        )
-        part, _ = generate_rollouts(
-            checkpoint_dir, [{"problem_id": p.problem_id, "prompt": p.prompt} for p in members], rollout_config,
-            seed=config.seed, policy_version=step, generation_round=0,
-        )
-        rows.extend(part)
-    verdicts = score_responses(
-        [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
-    )
-    checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
-    by_problem: dict[str, list[int]] = {}
-    for i, r in enumerate(rows):
-        by_problem.setdefault(r["problem_id"], []).append(i)
-    out_rows = []
-    for pid in [p.problem_id for p in problems]:
-        outcome = problem_outcome([verdicts[i] for i in by_problem[pid]])
-        out_rows.append(
-            {
-                "eval_set": config.eval_set,
-                "problem_id": pid,
-                "checkpoint_id": checkpoint_id,
-                "step": step,
-                **dataclasses.asdict(outcome),
-                "temperature": config.temperature,
-                "top_p": config.top_p,
-                "seed": config.seed,
-            }
-        )
-    schemas.write_shard(out_rows, out_path, schemas.EvalResult)
-    n = len(out_rows)
-    ks = sorted({r["k"] for r in out_rows})
-    return {
-        "eval_set": config.eval_set,
-        "checkpoint_id": checkpoint_id,
-        "problems": n,
-        "k": ks[-1],  # samples per problem (the largest, when copies differ: see k_values)
-        "k_values": ks,
-        "input_rows": eval_set.input_rows,
-        "rejected_rows": eval_set.rejected,
-        "avg_at_k": sum(r["avg_at_k"] for r in out_rows) / n,
-        "pass_at_k": sum(pass_at_k(r["k"], r["num_correct"], r["k"]) for r in out_rows) / n,
-        "maj_at_k": sum(r["maj_correct"] for r in out_rows) / n,
-        "verdict_timeouts": sum(r["verdict_timeouts"] for r in out_rows),
-        "verdict_errors": sum(r["verdict_errors"] for r in out_rows),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+from settings.evaluate import EvalConfig
+from settings.rollout import RolloutConfig
+from storage import run_store
 
 
 @rollout_env.task(
@@ -147,31 +31,3 @@ def evaluate(
         summary = evaluate_checkpoint(checkpoint_dir, run_store.fetch_all(problem_paths), str(local), step, config,
                                       engine_config)
     return json.dumps(summary, sort_keys=True)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="checkpoint folder (HF + dapo_checkpoint.json)")
-    parser.add_argument("problems", nargs="+",
-                        help="Problem shard(s) or folder(s), or raw problem files (e.g. DAPO's AIME 2024 x32 parquet: "
-                             "copies of a problem count once, and --set samples_per_problem=0 draws one sample per copy)")
-    parser.add_argument("--out", required=True, help="EvalResult shard to write")
-    parser.add_argument("--step", type=int, default=0, help="training step of the checkpoint (recorded)")
-    parser.add_argument("--config", help="run config YAML whose `evaluate` and `rollout` sections to start from")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help=f"override an EvalConfig field: {[f.name for f in dataclasses.fields(EvalConfig)]}")
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    from workflows.config import stage_config
-
-    config = stage_config("evaluate", args.config, args.set)
-    if args.config and not config.prompt_template:
-        # Raw inputs get the run's own prompt template, the one its policy was trained on.
-        config = dataclasses.replace(config, prompt_template=stage_config("curate", args.config).prompt_template)
-    engine_config = stage_config("rollout", args.config) if args.config else RolloutConfig()
-    with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
-        summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
-                                      config, engine_config)
-    print(json.dumps(summary, indent=2, sort_keys=True))
-    print(f"wrote {args.out}")
-    return 0

@@ -32,10 +32,10 @@ import flyte
 
 from infra.environments import cpu_env
 from storage import run_store
+from storage.run_layout import RunLayout
 from workflows.config import RunConfig, config_from_dict, load_config
 from workflows.pipeline import RunInterrupted
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
-from storage.run_layout import RunLayout
 from workflows.run_records import close_open_actions
 
 
@@ -182,7 +182,7 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
-    from tasks.train import clean_stale_temp_dirs
+    from engines.train_launch import clean_stale_temp_dirs
     from workflows.pipeline import init_flyte_for_run, stop_workers
 
     if run_store.is_remote(run_root):

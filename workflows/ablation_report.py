@@ -25,10 +25,9 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
-
-from dapo_core.intervals import mean_interval, two_sample_change  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dapo_core.intervals import mean_interval, two_sample_change  # noqa: E402
 from storage.run_store import write_text  # noqa: E402
 
 

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("workflows.pipeline", "run the whole pipeline from a config (curate -> steps -> evaluate)"),
-    "curate": ("tasks.curate", "turn raw problem files into Problem / RejectedProblem shards"),
-    "bootstrap": ("tasks.bootstrap", "build the tiny offline policy, or register a local HF model folder"),
-    "rollout": ("tasks.rollout", "generate G responses per prompt with vLLM into Rollout shards"),
-    "score": ("tasks.score", "reward, overlong handling, advantages and dynamic sampling -> ScoredRollout"),
-    "train": ("tasks.train", "one DeepSpeed DAPO step from a checkpoint and ScoredRollout shards"),
-    "eval": ("tasks.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
+    "curate": ("workflows.commands.curate", "turn raw problem files into Problem / RejectedProblem shards"),
+    "bootstrap": ("workflows.commands.bootstrap", "build the tiny offline policy, or register a local HF model folder"),
+    "rollout": ("workflows.commands.rollout", "generate G responses per prompt with vLLM into Rollout shards"),
+    "score": ("workflows.commands.score", "reward, overlong handling, advantages and dynamic sampling -> ScoredRollout"),
+    "train": ("workflows.commands.train", "one DeepSpeed DAPO step from a checkpoint and ScoredRollout shards"),
+    "eval": ("workflows.commands.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
     "ablate": ("workflows.ablation", "the paper's ablation ladder (naive GRPO ... DAPO) over several seeds"),
     "lineage": ("workflows.lineage", "trace a training sample or checkpoint back to its origins"),
     "verify": ("workflows.verify", "check every output of a run folder against its recorded digests"),

@@ -61,12 +61,12 @@ class DriverConfig:
 
 def _stage_classes() -> dict[str, type]:
     # Imported lazily: the task modules pull in flyte, and `dapo --help` must stay light.
-    from tasks.bootstrap import BootstrapConfig
-    from tasks.curate import CurateConfig
-    from tasks.evaluate import EvalConfig
-    from tasks.rollout import RolloutConfig
-    from tasks.score import ScoreConfig
-    from tasks.train import TrainConfig
+    from settings.bootstrap import BootstrapConfig
+    from settings.curate import CurateConfig
+    from settings.evaluate import EvalConfig
+    from settings.rollout import RolloutConfig
+    from settings.score import ScoreConfig
+    from settings.train import TrainConfig
 
     return {
         "run": DriverConfig,

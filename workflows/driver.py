@@ -20,24 +20,31 @@ import pyarrow.compute as pc
 
 import schemas
 from dapo_core.intervals import paired_change
+from engines.rollout import check_prompt_lengths, manifest_path
+from engines.scoring import group_keys_of
 from infra.environments import cpu_env
-from tasks.batch import assemble_batch
 from storage import checkpoints, digests, run_store
+from storage.run_layout import RunLayout
+from tasks.batch import assemble_batch
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
 from tasks.evaluate import evaluate
-from tasks.rollout import check_prompt_lengths, manifest_path, rollout
-from tasks.score import group_keys_of, score
+from tasks.rollout import rollout
+from tasks.score import score
 from tasks.train import train
 from workflows.config import RunConfig, config_from_dict
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
 from workflows.run_binding import check_run_record
-from storage.run_layout import RunLayout
 from workflows.seeds import derive_seed
-from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
+from workflows.step_loop import (
+    GeneratedRound,
+    GroupRef,
+    LoopSettings,
+    StepPlan,
+    run_steps,
+)
 from workflows.verified_calls import call_verified
-
 
 # Where the driver is, for the Ctrl-C message of `dapo run` (the driver runs in its process).
 PROGRESS: dict[str, str] = {}
@@ -225,6 +232,11 @@ async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "")
     return json.dumps(summary, sort_keys=True)
 
 
+def step_group(step: int) -> str:
+    """The Flyte group of one DAPO step's tasks (rollout rounds, scoring, batch, train, evaluation)."""
+    return f"step-{step:04d}"
+
+
 class _PipelineStages:
     """The loop's stages as cached Flyte tasks writing into the run folder (workflows/step_loop.py)."""
 
@@ -244,6 +256,11 @@ class _PipelineStages:
         cfg, layout = self.cfg, self.layout
         rollout_path = str(layout.rollout_shard(step, generation_round))
         PROGRESS["at"] = f"step {step}/{cfg.run.steps} (rollout round {generation_round})"
+        with flyte.group(step_group(step)):  # the Flyte UI shows each DAPO step as one unit
+            return await self._generate(step, generation_round, problem_ids, rollout_path)
+
+    async def _generate(self, step: int, generation_round: int, problem_ids: list[str], rollout_path: str) -> GeneratedRound:
+        cfg, layout = self.cfg, self.layout
         t = time.perf_counter()
         await call_verified(
             rollout, [rollout_path, manifest_path(rollout_path)],
@@ -262,6 +279,10 @@ class _PipelineStages:
         return GeneratedRound(groups=_round_groups(scored_path, step), stats=stats)
 
     async def train(self, plan: StepPlan) -> None:
+        with flyte.group(step_group(plan.step)):
+            await self._train(plan)
+
+    async def _train(self, plan: StepPlan) -> None:
         cfg, layout, step = self.cfg, self.layout, plan.step
         result = plan.result
         PROGRESS["at"] = f"step {step}/{cfg.run.steps} (training)"

@@ -27,9 +27,9 @@ from typing import Any
 import flyte
 
 from storage import run_store
+from storage.run_layout import RunLayout
 from workflows.config import RunConfig, load_config
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
-from storage.run_layout import RunLayout
 from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
@@ -82,7 +82,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     whose run.json records another config (workflows/run_binding.py). Ctrl-C stops the
     workers and raises :class:`RunInterrupted`.
     """
-    from tasks.train import clean_stale_temp_dirs
+    from engines.train_launch import clean_stale_temp_dirs
     from workflows import driver
 
     if run_store.is_remote(run_root):

@@ -31,6 +31,7 @@ class ActionRecord:
     cache_hit: bool
     start_time: float
     seconds: float
+    group: str  # the Flyte group it ran in ("step-0007": one DAPO step), "" outside any
 
 
 def action_records(layout: RunLayout) -> list[ActionRecord]:
@@ -40,12 +41,13 @@ def action_records(layout: RunLayout) -> list[ActionRecord]:
         return []
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
         rows = conn.execute(
-            "SELECT run_name, task_name, status, cache_enabled, cache_hit, start_time, end_time "
+            "SELECT run_name, task_name, status, cache_enabled, cache_hit, start_time, end_time, group_name "
             "FROM runs WHERE task_name IS NOT NULL ORDER BY start_time"
         ).fetchall()
     return [
-        ActionRecord(run, task, status, bool(enabled), bool(hit), start or 0.0, max(0.0, (end or 0.0) - (start or 0.0)))
-        for run, task, status, enabled, hit, start, end in rows
+        ActionRecord(run, task, status, bool(enabled), bool(hit), start or 0.0, max(0.0, (end or 0.0) - (start or 0.0)),
+                     group or "")
+        for run, task, status, enabled, hit, start, end, group in rows
     ]
 
 

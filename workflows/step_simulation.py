@@ -20,8 +20,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dapo_core.sampling import REASON_ALL_CORRECT, REASON_ALL_WRONG, REASON_KEPT, group_key
-from workflows.step_loop import GeneratedRound, GroupRef, LoopSettings, StepPlan, run_steps
+from dapo_core.sampling import (
+    REASON_ALL_CORRECT,
+    REASON_ALL_WRONG,
+    REASON_KEPT,
+    group_key,
+)
+from workflows.step_loop import (
+    GeneratedRound,
+    GroupRef,
+    LoopSettings,
+    StepPlan,
+    run_steps,
+)
 
 
 class SimulatedStop(RuntimeError):

@@ -17,8 +17,8 @@ import pytest
 
 import schemas
 from storage import checkpoints
-from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from storage.run_layout import RunLayout
+from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from storage import checkpoints
-from tests.e2e.test_pipeline import DAPO, REPO, SMALL, _env
 from storage.run_layout import RunLayout
+from tests.e2e.test_pipeline import DAPO, REPO, SMALL, _env
 from workflows.run_records import action_records
 
 pytestmark = pytest.mark.slow

@@ -128,7 +128,7 @@ def test_a_stage_reruns_alone_against_the_store(store: RunLayout, s3_run: dict) 
 def test_a_step_already_published_in_the_store_is_reused(store: RunLayout) -> None:
     # Killed after the upload but before Flyte recorded the result: the retry must return the
     # published checkpoint, not train again (training is not bit-reproducible across launches).
-    from tasks.train import train_step_in_store
+    from engines.train_launch import train_step_in_store
     from workflows.config import config_from_dict
 
     cfg = config_from_dict(json.loads(run_store.read_text(store.run_record))["config"], source="run.json")

@@ -22,8 +22,8 @@ import pytest
 
 import schemas
 from storage import checkpoints
-from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from storage.run_layout import RunLayout
+from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from workflows.run_records import action_records, flyte_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,6 +131,10 @@ def test_second_run_is_all_cache_hits(finished_run: RunLayout, run_root: Path) -
     last = [r for r in action_records(layout) if r.run_name == runs[-1] and r.cache_enabled]
     assert {r.task_name.split(".")[-1] for r in last} >= {"curate", "bootstrap", "rollout", "score", "assemble_batch", "train", "evaluate"}
     assert all(r.cache_hit for r in last), [(r.task_name, r.cache_hit) for r in last if not r.cache_hit]
+    # Each DAPO step's tasks ran inside one Flyte group, as the UI shows them.
+    groups = {(r.task_name.split(".")[-1], r.group) for r in action_records(layout) if r.run_name == runs[0]}
+    assert {("train", "step-0001"), ("train", "step-0002"), ("rollout", "step-0001"), ("score", "step-0002")} <= groups, groups
+    assert ("curate", "") in groups
     after = {p: p.stat().st_mtime_ns for p in Path(layout.root).rglob("*.parquet")}
     assert after == before  # nothing was rewritten
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.train import TrainConfig
 from engines.train_rank import running_as_elastic_rank, train_step_as_rank
+from settings.train import TrainConfig
 
 
 def main() -> int:

@@ -10,10 +10,10 @@ import pytest
 
 import schemas
 from dapo_core.answers import problem_id
-from tasks import bootstrap as bs
 from engines import tiny_policy
-from storage import checkpoints
 from readers.synthetic import make_problem
+from storage import checkpoints
+from tasks import bootstrap as bs
 
 FAST = dict(num_layers=1, hidden_size=64, batch_size=16, eval_every_steps=5, eval_problems=8, cpu_threads=1)
 

@@ -1,4 +1,4 @@
-"""The curation stage end to end (tasks/curate.py): real data sets, bad input, determinism, CLI, Flyte."""
+"""The curation stage end to end (tasks/curate.py, engines/curation.py): real data sets, bad input, determinism, CLI, Flyte."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, TINY_PROMPT_TEMPLATE, problem_id
+from engines.curation import curate_records, curate_sources
+from readers.problem_files import CurationError, RawRecord, SourceRecords
 from schemas import Problem, RejectedProblem, read_shards
-from tasks.curate import CurateConfig, CurationError, curate_records, curate_sources
-from readers.problem_files import RawRecord, SourceRecords
+from settings.curate import CurateConfig
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared data folder {DATA} is absent")

@@ -27,7 +27,8 @@ from train_fixtures import random_batch, write_scored  # noqa: E402
 
 import schemas  # noqa: E402
 from engines.tiny_policy import build_random_model, build_tokenizer, save_checkpoint  # noqa: E402
-from tasks.train import METRICS_FILE, TrainConfig, TrainStepError, train_step  # noqa: E402
+from engines.train_launch import METRICS_FILE, TrainStepError, train_step
+from settings.train import TrainConfig  # noqa: E402
 
 torch.set_flush_denormal(True)
 

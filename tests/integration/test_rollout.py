@@ -19,9 +19,9 @@ pytest.importorskip("vllm")
 
 import schemas
 from dapo_core.answers import problem_id
-from tasks import rollout as ro
 from engines import tiny_policy, vllm_engine
 from readers.synthetic import make_problem
+from tasks import rollout as ro
 
 THREADS = 1
 
@@ -200,7 +200,8 @@ def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path,
     # AIME x32 file: 2 problems, k = 2 and 3 with samples_per_problem = 0 (one sample per copy).
     import json
 
-    from tasks.evaluate import EvalConfig, evaluate_checkpoint
+    from engines.evaluation import evaluate_checkpoint
+    from settings.evaluate import EvalConfig
 
     raw = workdir / "repeated.jsonl"
     raw.write_text("".join(json.dumps({"problem": p, "answer": a}) + "\n"

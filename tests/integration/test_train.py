@@ -37,12 +37,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import optimizer_state, random_batch, same_state, write_scored  # noqa: E402
 
 from dapo_core.losses import policy_loss  # noqa: E402
-from engines import train_server
-from storage import checkpoints
 from engines import train_batch as tb
+from engines import train_server
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from tasks.train import METRICS_FILE, TrainConfig, TrainStepError, train_step, train_steps  # noqa: E402
+from engines.train_launch import METRICS_FILE, TrainStepError, train_step, train_steps
 from engines.train_worker import DS_STATE_DIR, warmup_lr_factor  # noqa: E402
+from settings.train import TrainConfig  # noqa: E402
+from storage import checkpoints
 
 torch.set_flush_denormal(True)
 
@@ -600,7 +601,8 @@ _OWNER_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from dataclasses import replace
-from tasks.train import TrainConfig, train_step
+from engines.train_launch import train_step
+from settings.train import TrainConfig
 from engines import train_server
 config = TrainConfig(**json.loads(sys.argv[5]))
 train_step(sys.argv[2], [sys.argv[3]], sys.argv[4], step=1, config=config)

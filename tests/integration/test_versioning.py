@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from infra.versioning import PROJECT_PACKAGES
+
 REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
@@ -38,7 +40,7 @@ def _task_versions(root: Path) -> dict[str, str]:
 
 
 def test_editing_answer_extraction_gives_score_and_evaluate_new_cache_versions(tmp_path: Path) -> None:
-    for package in ("dapo_core", "schemas", "tasks", "infra", "workflows"):
+    for package in PROJECT_PACKAGES:
         shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     before = _task_versions(tmp_path)

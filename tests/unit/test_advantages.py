@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from dapo_core.advantages import dense_group_index, group_advantages, group_advantages_reference
+from dapo_core.advantages import (
+    dense_group_index,
+    group_advantages,
+    group_advantages_reference,
+)
 
 
 def test_hand_worked_group_of_four_and_pair() -> None:

@@ -126,7 +126,7 @@ def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path: Path) -> None:
 
 
 def test_evaluation_may_sample_differently_from_training() -> None:
-    from tasks.rollout import RolloutConfig
+    from settings.rollout import RolloutConfig
 
     # evaluate reuses RolloutConfig for its engine at its own temperature / top_p / k.
     config = RolloutConfig(samples_per_prompt=1, top_p=0.7, temperature=0.6)

@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from dapo_core.correction import behaviour_weights, behaviour_weights_reference, policy_lags
+from dapo_core.correction import (
+    behaviour_weights,
+    behaviour_weights_reference,
+    policy_lags,
+)
 
 
 def _random(seed: int, batch: int = 5, width: int = 7) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from dapo_core.intervals import binomial_change, mean_interval, paired_change, t975, two_sample_change
+from dapo_core.intervals import (
+    binomial_change,
+    mean_interval,
+    paired_change,
+    t975,
+    two_sample_change,
+)
 
 
 def test_t_quantiles() -> None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo_core.overlong import overlong_filter_mask, soft_overlong_penalty, soft_overlong_penalty_reference
+from dapo_core.overlong import (
+    overlong_filter_mask,
+    soft_overlong_penalty,
+    soft_overlong_penalty_reference,
+)
 
 
 def test_eq13_at_the_edges_with_paper_lengths() -> None:

@@ -4,7 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows.problem_order import PoolTooSmallError, ProblemOrder, check_pool_size, problems_per_step_max
+from workflows.problem_order import (
+    PoolTooSmallError,
+    ProblemOrder,
+    check_pool_size,
+    problems_per_step_max,
+)
 from workflows.seeds import derive_seed
 
 

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from workflows.run_binding import LOCK_FILE, RunFolderError, check_run_record, config_changes, hold_run_folder
+from workflows.run_binding import (
+    LOCK_FILE,
+    RunFolderError,
+    check_run_record,
+    config_changes,
+    hold_run_folder,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 OLD = {"run": {"name": "r", "steps": 4, "data": ["synthetic:n=10"]}, "train": {"lr": 1e-4, "eps_high": 0.28}}
@@ -81,7 +87,7 @@ def test_a_second_driver_is_refused_while_the_first_lives(tmp_path: Path) -> Non
 
 
 def test_stale_train_temp_folders_are_removed(tmp_path: Path) -> None:
-    from tasks.train import clean_stale_temp_dirs
+    from engines.train_launch import clean_stale_temp_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

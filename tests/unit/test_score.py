@@ -4,7 +4,8 @@ import pyarrow as pa
 import pytest
 
 import schemas
-from tasks.score import ScoreConfig, score_table
+from engines.scoring import score_table
+from settings.score import ScoreConfig
 
 PID_A, PID_B = "a" * 16, "b" * 16
 

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from dapo_core.sampling import DynamicSamplingExhaustedError
 from workflows.problem_order import PoolTooSmallError, problems_per_step_max
 from workflows.step_loop import LoopSettings, StepPlan
-from workflows.step_simulation import SimulatedCache, SimulatedStop, beta_solve_rates, simulate
+from workflows.step_simulation import (
+    SimulatedCache,
+    SimulatedStop,
+    beta_solve_rates,
+    simulate,
+)
 
 
 def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str]) -> None:

@@ -9,7 +9,14 @@ import xml.etree.ElementTree as ET
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart, integer_ticks, nice_ticks
+from workflows.svg_charts import (
+    HEIGHT_PX,
+    WIDTH_PX,
+    Series,
+    chart,
+    integer_ticks,
+    nice_ticks,
+)
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engines import tiny_policy
-from storage import checkpoints
 from readers.synthetic import ALPHABET
+from storage import checkpoints
 
 
 def test_vocabulary_is_specials_then_alphabet() -> None:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dapo_core.losses import policy_loss, policy_loss_reference
-from infra.deepspeed import build_deepspeed_config
 from engines import train_batch as tb
 from engines.train_worker import backward_scale, warmup_lr_factor
+from infra.deepspeed import build_deepspeed_config
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from train_fixtures import random_batch, scored_row, write_scored  # noqa: E402

@@ -1,0 +1,197 @@
+"""The step-0 policy checkpoint, built offline or imported from a local folder.
+
+Two sources:
+- ``tiny`` (the default): build the character tokenizer and a small random Qwen2 model, then a
+  short supervised warm-up on the worked solutions of the train split's synthetic problems,
+  stopped when greedy accuracy on held-out (test split) problems enters a band (default
+  20-50 %), so that RL has room to improve (engines/tiny_policy.py).
+- a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): copied,
+  or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added.
+
+Either way the result is a published checkpoint (storage/checkpoints.py): built in a staging
+folder and renamed into place, with its lineage (config, input shards, warm-up history)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engines.threads import cpu_threads
+from settings.bootstrap import BootstrapConfig
+from storage import checkpoints
+
+
+class BootstrapError(RuntimeError):
+    """The step-0 policy could not be built or imported (the message says why and where)."""
+
+
+_REQUIRED_IMPORT_FILES = ("config.json",)
+
+
+def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: bool = False) -> Path:
+    """Publish a local HF model folder as the step-0 checkpoint at ``out_dir``.
+
+    Files are copied (or symlinked with ``link``: fast for large models, but the checkpoint then
+    depends on the source staying in place). The checkpoint id digests the weight files.
+    """
+    source_dir = Path(source_dir).expanduser().resolve()
+    if not source_dir.is_dir():
+        raise BootstrapError(f"bootstrap source {source_dir}: not a folder")
+    missing = [name for name in _REQUIRED_IMPORT_FILES if not (source_dir / name).is_file()]
+    if missing:
+        raise BootstrapError(f"bootstrap source {source_dir}: not an HF model folder (missing {missing})")
+    if not any(source_dir.glob("*.safetensors")):
+        raise BootstrapError(f"bootstrap source {source_dir}: no *.safetensors weights (convert .bin weights first)")
+    if not (source_dir / "tokenizer.json").is_file() and not (source_dir / "tokenizer_config.json").is_file():
+        raise BootstrapError(f"bootstrap source {source_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    out_dir = Path(out_dir)
+    if checkpoints.is_complete(out_dir):
+        info = checkpoints.read_info(out_dir)
+        if info.inputs.get("source") == str(source_dir):
+            return out_dir  # an earlier run imported the same folder
+    staging = checkpoints.staging_dir(out_dir)
+    try:
+        for path in sorted(source_dir.iterdir()):
+            if path.name == checkpoints.METADATA_FILE or path.name.startswith("."):
+                continue
+            target = staging / path.name
+            if link:
+                os.symlink(path, target)
+            elif path.is_dir():
+                shutil.copytree(path, target)
+            else:
+                shutil.copy2(path, target)
+        info = checkpoints.CheckpointInfo(
+            checkpoint_id=checkpoints.make_checkpoint_id("import", 0, staging),
+            step=0,
+            parent_checkpoint_id=None,
+            produced_by="import",
+            inputs={"source": str(source_dir), "linked": link},
+        )
+        return checkpoints.publish(staging, out_dir, info)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _shard_examples(
+    train_paths: list[str], test_paths: list[str], eval_problems: int
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    """(prompt, worked solution) pairs from train Problem shards, (prompt, answer) from test ones.
+
+    Only synthetic chains have a worked solution; other rows cannot be warmed up on and are
+    skipped. No usable row at all is an error naming the files.
+    """
+    import schemas
+    from readers.synthetic import parse_terms, worked_solution
+
+    def usable(paths: list[str]) -> list[dict[str, Any]]:
+        rows = []
+        for row in schemas.read_shards(paths, schemas.Problem).to_pylist():
+            try:
+                parse_terms(row["problem"])
+            except ValueError:
+                continue
+            rows.append(row)
+        return rows
+
+    train_rows, test_rows = usable(train_paths), usable(test_paths)
+    if not train_rows:
+        raise BootstrapError(f"no synthetic arithmetic problems to warm up on in train shards {train_paths}")
+    if not test_rows:
+        raise BootstrapError(f"no synthetic arithmetic problems to check accuracy on in test shards {test_paths}")
+    train = [(r["prompt"], worked_solution(r["problem"])) for r in train_rows]
+    heldout = [(r["prompt"], int(r["answer"])) for r in test_rows[:eval_problems]]
+    return train, heldout
+
+
+def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    from engines.tiny_policy import draw_problems, synthetic_examples
+
+    difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
+    train_problems = draw_problems(random.Random(config.seed), config.synthetic_train_problems, split="train", **difficulty)
+    test_problems = draw_problems(random.Random(config.seed + 1), config.eval_problems, split="test", **difficulty)
+    train, _ = synthetic_examples(train_problems)
+    _, heldout = synthetic_examples(test_problems)
+    return train, heldout
+
+
+def build_tiny_policy(
+    out_dir: str | Path,
+    config: BootstrapConfig,
+    train_paths: list[str] | None = None,
+    test_paths: list[str] | None = None,
+) -> Path:
+    """Build, warm up and publish the tiny policy at ``out_dir``; returns the folder.
+
+    With Problem shards, the warm-up trains on the train split and checks the test split;
+    without, it draws synthetic problems with the config's difficulty. An ``out_dir`` already
+    published from the same config and inputs is returned as is (no retraining).
+    """
+    import torch
+
+    from engines import tiny_policy
+
+    lineage = {
+        "kind": "tiny-warmup",
+        "config": asdict(config),
+        "train_shards": sorted(Path(p).name for p in train_paths or []),
+        "test_shards": sorted(Path(p).name for p in test_paths or []),
+    }
+    out_dir = Path(out_dir)
+    if checkpoints.is_complete(out_dir):
+        info = checkpoints.read_info(out_dir)
+        if {k: info.inputs.get(k) for k in lineage} == lineage:
+            return out_dir
+    torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
+    torch.set_num_threads(cpu_threads(config.cpu_threads))
+    if train_paths:
+        train, heldout = _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
+    else:
+        train, heldout = _synthetic_examples(config)
+    tokenizer = tiny_policy.build_tokenizer()
+    model = tiny_policy.build_random_model(
+        tokenizer, seed=config.seed, num_layers=config.num_layers, hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+    )
+    max_new_tokens = max(len(tokenizer(response).input_ids) for _, response in train) + 8
+    result = tiny_policy.warm_up(
+        model, tokenizer, train, heldout,
+        seed=config.seed,
+        batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        max_steps=config.max_steps,
+        eval_every_steps=config.eval_every_steps,
+        max_new_tokens=max_new_tokens,
+        target_accuracy_low=config.target_accuracy_low,
+        target_accuracy_high=config.target_accuracy_high,
+    )
+    if result.stop_reason != "in_band" and config.require_band:
+        raise BootstrapError(
+            f"warm-up ended after {result.steps} steps at held-out accuracy {result.heldout_accuracy:.1%}, "
+            f"outside [{config.target_accuracy_low:.0%}, {config.target_accuracy_high:.0%}]; history "
+            f"{list(result.history)}; raise max_steps, change learning_rate/difficulty, or set require_band=false"
+        )
+    lineage["warmup"] = dataclasses.asdict(result)
+    lineage["train_examples"] = len(train)
+    lineage["heldout_problems"] = len(heldout)
+    return tiny_policy.save_checkpoint(
+        model, tokenizer, out_dir, step=0, produced_by="bootstrap", parent_checkpoint_id=None, inputs=lineage
+    )
+
+
+def bootstrap_policy(
+    out_dir: str | Path,
+    config: BootstrapConfig,
+    train_paths: list[str] | None = None,
+    test_paths: list[str] | None = None,
+) -> Path:
+    """The step-0 checkpoint at ``out_dir``: the tiny warmed-up policy, or an imported folder."""
+    if config.source == "tiny":
+        return build_tiny_policy(out_dir, config, train_paths, test_paths)
+    return import_local_model(config.source, out_dir, link=config.link_import)

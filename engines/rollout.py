@@ -1,0 +1,363 @@
+"""Rollout stage: G sampled responses per prompt with vLLM, written as Rollout shards.
+
+Given a published checkpoint, Problem shards (and which problem ids to generate for) and the
+sampling settings, every prompt gets G samples (the group of the group-relative advantage, paper
+eq. 9). Each row records the token ids, the text, the per-token log-probs the engine saw, the
+length, the finish reason (``length`` = truncated by the response cap: what overlong filtering and
+soft punishment act on, sec. 3.4), the checkpoint, the policy version, the round of dynamic
+sampling (sec. 3.2) and the request's seed.
+
+Determinism: every request carries its own seed derived from (rollout seed, problem id, round,
+sample index), and rows are sorted by (problem_id, sample_index), so the output does not depend on
+how prompts are spread over engines or batched. Several engines (one per GPU, Ray actors) run when
+more than one GPU is visible; otherwise one in-process engine, kept alive between calls and given
+new weights by reload (engines/vllm_engine.py).
+
+Log-probs are the engine's raw log-probs (``vllm_engine.LOGPROBS_MODE``): log-softmax of the
+logits before temperature and top-p, i.e. the policy at temperature 1, which is what the trainer
+recomputes. A manifest beside each shard (``<shard>.manifest.json``) records the mode, settings,
+engine count and timings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engines import vllm_engine
+from settings.rollout import RolloutConfig
+from storage import checkpoints, run_store
+
+_RAY_ACTORS: list[Any] = []
+
+
+class RolloutError(RuntimeError):
+    """Bad rollout input (missing problem, prompt too long, bad checkpoint); names what and where."""
+
+
+class PromptTooLongError(RolloutError):
+    """A prompt of the pool does not fit the model's context with the response cap (a config/input error)."""
+
+
+def derive_request_seed(seed: int, problem_id: str, generation_round: int, sample_index: int) -> int:
+    """The seed of one sample: a hash of what identifies it, 63 bits (fits int64 and vLLM).
+
+    Independent of batch composition and engine count, so any split of the prompts over engines
+    samples the same responses.
+    """
+    key = f"{seed}|{problem_id}|{generation_round}|{sample_index}".encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") >> 1
+
+
+def make_rollout_id(problem_id: str, generation_round: int, sample_index: int, checkpoint_id: str, seed: int) -> str:
+    """``"<problem_id>-r<round>-s<index>-<8 hex>"``: readable, and unique across checkpoints and seeds."""
+    tail = hashlib.sha256(f"{checkpoint_id}|{seed}".encode()).hexdigest()[:8]
+    return f"{problem_id}-r{generation_round}-s{sample_index}-{tail}"
+
+
+def engine_settings(config: RolloutConfig, max_model_len: int) -> vllm_engine.EngineSettings:
+    """The engine part of a RolloutConfig (what decides whether a cached engine can be reused)."""
+    return vllm_engine.EngineSettings(
+        dtype=config.dtype,
+        max_model_len=max_model_len,
+        cpu_threads=config.cpu_threads,
+        cpu_kvcache_gib=config.cpu_kvcache_gib,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+        tensor_parallel_size=config.tensor_parallel_size,
+    )
+
+
+def load_problems(problem_paths: list[str], problem_ids: list[str] | None) -> list[dict[str, str]]:
+    """``[{"problem_id", "prompt"}]`` for ``problem_ids`` (all rows when None), in that order."""
+    import schemas
+
+    table = schemas.read_shards(problem_paths, schemas.Problem).select(["problem_id", "prompt"])
+    by_id: dict[str, str] = {}
+    for pid, prompt in zip(table.column("problem_id").to_pylist(), table.column("prompt").to_pylist()):
+        by_id.setdefault(pid, prompt)
+    if problem_ids is None:
+        problem_ids = list(by_id)
+    missing = [pid for pid in problem_ids if pid not in by_id]
+    if missing:
+        raise RolloutError(f"problem id(s) {missing[:5]} not found in Problem shards {problem_paths}")
+    duplicated = sorted({pid for pid in problem_ids if problem_ids.count(pid) > 1})
+    if duplicated:
+        raise RolloutError(f"problem id(s) {duplicated[:5]} requested more than once (rollout ids would collide)")
+    return [{"problem_id": pid, "prompt": by_id[pid]} for pid in problem_ids]
+
+
+def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str]) -> list[list[int]]:
+    """Prompt token ids, through the tokenizer's chat template when it has one.
+
+    The tiny tokenizer's template renders the user message verbatim; a chat model's wraps it in
+    its own turn markers (what the model was tuned on).
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint_dir))
+    out = []
+    for prompt in prompts:
+        if tokenizer.chat_template:
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+            out.append(tokenizer(text, add_special_tokens=False).input_ids)
+        else:
+            out.append(tokenizer(prompt).input_ids)
+    return out
+
+
+def model_max_positions(checkpoint_dir: str | Path) -> int:
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 2048)
+
+
+def check_prompt_lengths(checkpoint_dir: str | Path, problems: list[dict[str, Any]], *, max_response_tokens: int,
+                         max_model_len: int, field: str) -> None:
+    """Refuse a pool with any prompt too long for the model's context at ``max_response_tokens``.
+
+    Run by the driver once the step-0 policy exists (its tokenizer decides the lengths), before
+    any rollout: otherwise a long prompt kills the run only when a step draws it, maybe hours in.
+    The error names the longest prompt's problem, how many prompts overflow and the fields.
+    """
+    limit = max_model_len or model_max_positions(checkpoint_dir)
+    lengths = [len(ids) for ids in tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])]
+    over = [(n, p["problem_id"]) for n, p in zip(lengths, problems) if n + max_response_tokens > limit]
+    if over:
+        n, worst = max(over)
+        raise PromptTooLongError(
+            f"{len(over):,} of {len(problems):,} prompts do not fit the context: problem {worst} has {n} prompt "
+            f"tokens + {field}={max_response_tokens} > max_model_len={limit}; lower {field}, raise "
+            "rollout.max_model_len (if the model allows), or curate with a smaller curate.max_problem_chars"
+        )
+
+
+def _request_list(
+    problems: list[dict[str, Any]], config: RolloutConfig, seed: int, generation_round: int
+) -> list[dict[str, Any]]:
+    """One request per (problem, sample index), each with its own seed."""
+    requests = []
+    for problem in problems:
+        for index in range(config.samples_per_prompt):
+            requests.append(
+                {
+                    "problem_id": problem["problem_id"],
+                    "sample_index": index,
+                    "prompt_token_ids": problem["prompt_token_ids"],
+                    "seed": derive_request_seed(seed, problem["problem_id"], generation_round, index),
+                }
+            )
+    return requests
+
+
+def generate_part(
+    checkpoint_dir: str,
+    settings: vllm_engine.EngineSettings,
+    sampling: dict[str, Any],
+    requests: list[dict[str, Any]],
+    label: str = "",
+) -> list[dict[str, Any]]:
+    """Generate ``requests`` on this process's engine for ``checkpoint_dir``; one result dict each.
+
+    Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
+    token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
+    """
+    from vllm import SamplingParams
+
+    llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
+    params = [SamplingParams(n=1, logprobs=0, seed=r["seed"], **sampling) for r in requests]
+    outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
+    results = []
+    for request, output in zip(requests, outputs):
+        completion = output.outputs[0]
+        token_ids = list(completion.token_ids)
+        if completion.logprobs is None or len(completion.logprobs) != len(token_ids):
+            raise RolloutError(f"problem {request['problem_id']}: engine returned no log-prob per token")
+        log_probs = [float(position[token].logprob) for position, token in zip(completion.logprobs, token_ids)]
+        results.append(
+            {
+                **request,
+                "response_token_ids": token_ids,
+                "response_text": completion.text,
+                "rollout_log_probs": log_probs,
+                "finish_reason": completion.finish_reason,
+            }
+        )
+    return results
+
+
+class _EngineActor:
+    """A Ray actor holding one engine on one GPU; its engine survives across calls (reload)."""
+
+    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+        # The actor may sit on another node than the task body: it fetches the checkpoint itself
+        # (once per checkpoint and node; a path on a shared filesystem is used in place).
+        return generate_part(str(run_store.fetch(checkpoint_dir)), settings, sampling, requests, label)
+
+
+def _ray_generate(
+    checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]]
+) -> list[list[dict[str, Any]]]:
+    """Run each part on its own GPU engine (Ray actors, started once per process and reused)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, ignore_reinit_error=True)
+    actor_class = ray.remote(num_gpus=settings.tensor_parallel_size)(_EngineActor)
+    while len(_RAY_ACTORS) < len(parts):
+        _RAY_ACTORS.append(actor_class.remote())
+    futures = [
+        actor.generate.remote(checkpoint_dir, settings, sampling, part, f"engine {i}")
+        for i, (actor, part) in enumerate(zip(_RAY_ACTORS, parts))
+    ]
+    return ray.get(futures)
+
+
+def split_parts(requests: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
+    """Split requests into ``parts`` contiguous slices of whole prompts (groups stay together)."""
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    for request in requests:
+        by_problem.setdefault(request["problem_id"], []).append(request)
+    groups = list(by_problem.values())
+    parts = max(1, min(parts, len(groups)))
+    bounds = [round(i * len(groups) / parts) for i in range(parts + 1)]
+    return [[r for g in groups[bounds[i] : bounds[i + 1]] for r in g] for i in range(parts)]
+
+
+def generate_rollouts(
+    checkpoint_dir: str | Path,
+    problems: list[dict[str, str]],
+    config: RolloutConfig,
+    *,
+    seed: int,
+    policy_version: int,
+    generation_round: int,
+    engines: int | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Generate G samples for each problem; returns (Rollout rows sorted by problem and sample, manifest).
+
+    ``problems`` are ``{"problem_id", "prompt"}`` dicts. ``engines`` overrides ``config.engines``;
+    with more than one GPU the parts run on Ray actors, otherwise sequentially on this process's
+    engine (the same code path, used to test that the split does not change the output).
+    """
+    started = time.perf_counter()
+    source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
+    checkpoint_dir = run_store.fetch(source)
+    info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
+    if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
+        raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
+    max_model_len = config.max_model_len or model_max_positions(checkpoint_dir)
+    token_ids = tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])
+    for problem, ids in zip(problems, token_ids):
+        if len(ids) + config.max_response_tokens > max_model_len:
+            raise RolloutError(
+                f"problem {problem['problem_id']}: prompt of {len(ids)} tokens + max_response_tokens "
+                f"{config.max_response_tokens} exceeds the context limit max_model_len={max_model_len}"
+            )
+    requests = _request_list(
+        [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round
+    )
+    gpus = vllm_engine.gpu_count()
+    wanted = engines if engines is not None else config.engines
+    wanted = wanted or max(1, gpus // max(1, config.tensor_parallel_size))
+    parts = split_parts(requests, wanted)
+    settings = engine_settings(config, max_model_len)
+    sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
+    if len(parts) > 1 and gpus > 1:
+        results = [r for part in _ray_generate(source, settings, sampling, parts) for r in part]
+    else:
+        results = [
+            r
+            for i, part in enumerate(parts)
+            for r in generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
+        ]
+    rows = []
+    for r in sorted(results, key=lambda r: (r["problem_id"], r["sample_index"])):
+        if r["finish_reason"] not in ("stop", "length"):
+            raise RolloutError(f"problem {r['problem_id']} sample {r['sample_index']}: finish reason {r['finish_reason']!r}")
+        rows.append(
+            {
+                "rollout_id": make_rollout_id(r["problem_id"], generation_round, r["sample_index"], info.checkpoint_id, seed),
+                "problem_id": r["problem_id"],
+                "sample_index": r["sample_index"],
+                "prompt_token_ids": r["prompt_token_ids"],
+                "response_token_ids": r["response_token_ids"],
+                "response_text": r["response_text"],
+                "rollout_log_probs": r["rollout_log_probs"],
+                "response_length": len(r["response_token_ids"]),
+                "finish_reason": r["finish_reason"],
+                "truncated": r["finish_reason"] == "length",
+                "checkpoint_id": info.checkpoint_id,
+                "policy_version": policy_version,
+                "seed": r["seed"],
+                "generation_round": generation_round,
+            }
+        )
+    seconds = time.perf_counter() - started
+    tokens = sum(r["response_length"] for r in rows)
+    manifest = {
+        "checkpoint_dir": source,
+        "checkpoint_id": info.checkpoint_id,
+        "policy_version": policy_version,
+        "generation_round": generation_round,
+        "rollout_seed": seed,
+        "seed_column": "per-request seed = derive_request_seed(rollout_seed, problem_id, round, sample_index)",
+        "logprobs_mode": vllm_engine.LOGPROBS_MODE,
+        "config": asdict(config),
+        "max_model_len": max_model_len,
+        "engines": len(parts),
+        "engine_backend": "ray" if len(parts) > 1 and gpus > 1 else "in-process",
+        "prompts": len(problems),
+        "samples": len(rows),
+        "response_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
+    }
+    return rows, manifest
+
+
+def write_rollout_shard(rows: list[dict[str, Any]], manifest: dict[str, Any], out_path: str | Path) -> Path:
+    """Validate and write the Rollout shard atomically, then its manifest beside it."""
+    import schemas
+
+    out_path = Path(out_path)
+    table = schemas.arrow_schema(schemas.Rollout).empty_table() if not rows else rows
+    schemas.write_shard(table, out_path, schemas.Rollout)
+    run_store.write_text(manifest_path(out_path), json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return out_path
+
+
+def manifest_path(shard_path: str | Path) -> str:
+    """The manifest beside a Rollout shard (a path or a URI): ``<shard>.manifest.json``."""
+    return f"{shard_path}.manifest.json"
+
+
+def rollout_shard(
+    checkpoint_dir: str | Path,
+    problem_paths: list[str],
+    problem_ids: list[str] | None,
+    out_path: str | Path,
+    config: RolloutConfig,
+    *,
+    seed: int,
+    policy_version: int,
+    generation_round: int,
+    engines: int | None = None,
+) -> Path:
+    """Read problems, generate, write the Rollout shard at ``out_path``; returns the path."""
+    problems = load_problems(list(problem_paths), None if problem_ids is None else list(problem_ids))
+    rows, manifest = generate_rollouts(
+        checkpoint_dir, problems, config, seed=seed, policy_version=policy_version,
+        generation_round=generation_round, engines=engines,
+    )
+    return write_rollout_shard(rows, manifest, out_path)
+
+
+def load_problems_ids(problem_paths: list[str]) -> list[str]:
+    """All problem ids of the shards, in shard order."""
+    return [p["problem_id"] for p in load_problems(problem_paths, None)]

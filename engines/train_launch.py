@@ -1,0 +1,500 @@
+"""Run DAPO training steps on DeepSpeed workers and publish each step's checkpoint.
+
+The trainer runs in worker processes: ``torchrun --standalone --nproc_per_node N -m engines.train_worker
+SPEC.json`` (each step its own process group), or a warm worker group kept between steps
+(engines/train_server.py) that later steps send requests to. A step's output is built in a hidden
+staging folder and published by rename (storage/checkpoints.py); a step already published from
+the same config and batch is reused. The Flyte task (tasks/train.py) and ``dapo train`` call
+:func:`train_step_in_store`."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engines import train_batch as tb
+from engines import train_server
+from engines.train_worker import DS_META_FILE, DS_STATE_DIR
+from settings.train import TrainConfig
+from storage import checkpoints, digests, run_store
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+METRICS_FILE = "train_metrics.parquet"
+
+
+TIMINGS_FILE = "train_timings.json"
+
+
+# StepMetrics columns a training step cannot know (rollout/score fill them in the driver).
+_UNKNOWN_FLOATS = ("reward_mean", "accuracy", "response_length_mean", "truncation_ratio", "time_rollout_s",
+                   "time_score_s")
+
+
+class TrainStepError(RuntimeError):
+    """A training step failed; nothing was published."""
+
+
+@dataclass(frozen=True)
+class TrainStepResult:
+    """What a published training step produced."""
+
+    checkpoint_dir: str  # the new, published checkpoint folder
+    checkpoint_id: str
+    metrics: dict[str, Any]  # the StepMetrics row (NaN for what training does not know)
+    timings: dict[str, float]  # finer timings in seconds: load, old log-probs, updates, save/export, ...
+    worker_metrics: list[dict[str, Any]]  # everything the workers reported, one dict per step run
+
+
+def _worker_env(num_processes: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    # Oversubscribed threads are catastrophic on small machines: split the cores between ranks.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+    env.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    return env
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout_s: float, step: int) -> None:
+    spec_path = work_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+    log_path = work_dir / "worker.log"
+    cmd = train_server.torchrun_command(num_processes, spec_path)
+    with log_path.open("w") as log:
+        # Own session, and on timeout torchrun and every rank (each in a session of its own) are
+        # killed: none orphaned (train_server.kill_tree).
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_worker_env(num_processes), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as err:
+            train_server.kill_tree(proc)
+            raise TrainStepError(f"step {step}: training workers ran past {timeout_s} s (nothing published)") from err
+        except BaseException:
+            train_server.kill_tree(proc)
+            raise
+    if proc.returncode != 0:
+        errors = sorted(work_dir.glob("error.txt.rank*"))
+        if errors:
+            first_line = errors[0].read_text().splitlines()[0]
+            raise TrainStepError(f"step {step}: training failed: {first_line} (nothing published)")
+        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        raise TrainStepError(f"step {step}: training workers exited with {proc.returncode} (nothing published):\n{tail}")
+
+
+# Spec fields that change from request to request; all others are baked into a warm group's engine.
+_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "steps", "out_dir", "probe_input_ids", "probe_path")
+
+
+# TrainConfig fields that do not shape the engine (a change must not restart a warm group).
+_NOT_ENGINE_FIELDS = ("timeout_s", "keep_workers_warm")
+
+
+def _group_key(config: TrainConfig, env: dict[str, str]) -> str:
+    """Everything a warm group's engine is built from: another key needs another group."""
+    engine = {k: v for k, v in asdict(config).items() if k not in _NOT_ENGINE_FIELDS}
+    launch = {k: env.get(k) for k in ("OMP_NUM_THREADS", "DS_ACCELERATOR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    return json.dumps({"config": engine, "env": launch, "python": sys.executable}, sort_keys=True)
+
+
+def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: TrainConfig, step: int,
+              parent_id: str, resume: bool
+              ) -> tuple[list[dict[str, Any]], dict[str, float], train_server.WorkerGroup | None]:
+    """Run the request on this process's warm group (started if needed); call with the lock held.
+
+    Returns (worker metrics, extra timings, the group or None when the step fell back to a cold
+    launch). A group that is dead or hung before it ran the step is replaced by a cold launch of
+    the step, with a warning; a failure of the step itself is a TrainStepError as in the cold path.
+    """
+    env = _worker_env(config.num_processes)
+    engine_spec = {k: v for k, v in spec.items() if k not in ("metrics_path", "error_path")}
+    request = {k: spec[k] for k in _REQUEST_FIELDS}
+    group: train_server.WorkerGroup | None = None
+    try:
+        group, started = train_server.acquire(key=_group_key(config, env), num_processes=config.num_processes,
+                                              engine_spec=engine_spec, env=env)
+        # Continue from memory only if a cold launch would load exactly that state: the parent is
+        # what this group last published, and its optimizer state is resumed (not a fresh one).
+        continue_ok = not started and resume and group.last_checkpoint_id == parent_id
+        group.last_checkpoint_id = None  # until this step's output is published
+        metrics = group.submit(request, continue_in_memory=continue_ok, timeout_s=config.timeout_s)
+    except train_server.GroupUnavailable as err:
+        if train_server.stopping():
+            raise TrainStepError(f"step {step}: interrupted (nothing published)") from err
+        warnings.warn(f"step {step}: {err}; running this step with a cold launch", RuntimeWarning, stacklevel=3)
+        if group is not None:
+            train_server.discard(group)
+        shutil.rmtree(staging, ignore_errors=True)  # whatever the dead group half-wrote
+        staging.mkdir()
+        _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=step)
+        return json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0, "warm_fallback": 1.0}, None
+    except train_server.GroupStepFailed as err:
+        train_server.discard(group)
+        raise TrainStepError(f"step {step}: training failed: {err} (nothing published)") from err
+    except train_server.GroupTimeout as err:
+        train_server.discard(group)
+        raise TrainStepError(f"step {step}: training workers ran past {config.timeout_s} s (nothing published)") from err
+    except BaseException:
+        if group is not None:
+            train_server.discard(group)  # e.g. KeyboardInterrupt mid-step: the engine state is unknown
+        raise
+    extra = {"warm_group": 1.0, "warm_fallback": 0.0, "group_started": float(started),
+             "group_start_s": group.start_s if started else 0.0,
+             "continued_in_memory": float(bool(metrics[0].get("continued_in_memory")))}
+    return metrics, extra, group
+
+
+def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dict[str, Any], time_train_s: float) -> dict[str, Any]:
+    """The StepMetrics row of a step. Rollout/score metrics are NaN and their counts 0: the driver,
+    which knows them, fills them in when it merges the stages' metrics."""
+    row: dict[str, Any] = {
+        "step": step,
+        "checkpoint_id": checkpoint_id,
+        "parent_checkpoint_id": parent_id,
+        **{k: float(worker[k]) for k in ("loss", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
+                                          "approx_kl", "grad_norm", "lr")},
+        **{k: float(worker[k]) for k in ("policy_lag_mean", "stale_sample_fraction", "logprob_mismatch_mean_abs",
+                                          "logprob_mismatch_max_abs", "behaviour_weight_mean",
+                                          "behaviour_weight_capped_fraction")},
+        "policy_lag_max": int(worker["policy_lag_max"]),
+        "tokens": int(worker["tokens"]),
+        "samples": int(worker["samples"]),
+        "masked_samples": int(worker["masked_samples"]),
+        **{k: math.nan for k in _UNKNOWN_FLOATS},
+        "generation_rounds": 0,
+        "trained_groups": 0,
+        "carried_groups": 0,
+        "max_policy_lag_steps": 0,
+        "verdict_timeouts": 0,
+        "verdict_errors": 0,
+        "time_train_s": time_train_s,
+    }
+    return row
+
+
+def _write_metrics(row: dict[str, Any], path: Path) -> None:
+    import pyarrow as pa
+
+    import schemas
+
+    write_shard = getattr(schemas, "write_shard", None)
+    model = getattr(schemas, "StepMetrics", None)
+    int32 = {"step", "generation_rounds", "trained_groups", "carried_groups", "max_policy_lag_steps", "policy_lag_max"}
+    arrays = {k: pa.array([v], type=pa.int32() if k in int32 else None) for k, v in row.items()}
+    table = pa.table(arrays)
+    if write_shard is not None and model is not None:
+        write_shard(table, path, model)  # validated, atomic
+    else:  # pragma: no cover - before schemas grew its helpers
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+
+
+def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepResult:
+    """A re-run of a step that was already published (e.g. a retry after the publish): reuse it.
+
+    Training is not bit-reproducible across launches, so publishing again could give another id;
+    the published checkpoint stays the one and only result of this step. A different step or
+    parent at ``out_dir`` is an error (two runs must never share an output folder).
+    """
+    import schemas
+
+    info = checkpoints.read_info(out_dir)
+    if info.step != step or info.parent_checkpoint_id != parent_id or info.produced_by != "train":
+        raise TrainStepError(
+            f"step {step}: {out_dir} already holds {info.checkpoint_id} (step {info.step}, parent "
+            f"{info.parent_checkpoint_id}), not this step's output"
+        )
+    row = schemas.read_shard(out_dir / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
+    timings = json.loads((out_dir / TIMINGS_FILE).read_text())
+    return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
+
+
+def _batch_sha256(shards: Sequence[str | Path]) -> str:
+    """One sha256 over the batch shards' bytes, in order (what a published step was trained on)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(digests.file_sha256(Path(shard)).encode())
+    return digest.hexdigest()
+
+
+def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str) -> bool:
+    """True when the checkpoint published at ``out_dir`` was trained with ``config`` on that batch.
+
+    A re-run of a step reuses its published checkpoint only then; another config or other batch
+    content (an upstream stage re-made its shards) means the folder holds another step's result.
+    """
+    inputs = checkpoints.read_info(out_dir).inputs
+    return inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
+
+
+def _discard(out_dir: str | Path, why: str) -> None:
+    print(f"[train] {out_dir}: {why}; training the step again", file=sys.stderr, flush=True)
+    digests.forget(str(out_dir))
+
+
+def published_result(out_dir: str, *, step: int, parent_id: str) -> TrainStepResult:
+    """``_finished_result`` of the checkpoint published at ``out_dir`` (a path or a URI, fetched
+    into the mirror), named as given."""
+    done = _finished_result(run_store.fetch(out_dir), step=step, parent_id=parent_id)
+    return dataclasses.replace(done, checkpoint_dir=str(out_dir))
+
+
+def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: TrainConfig,
+                   parent_version: int) -> list[dict[str, Any]]:
+    """Validate every step's batch before any process starts (bad input fails fast and clearly);
+    returns ``[{"step", "shards", "parent_version"}]`` for the worker spec and the lineage.
+
+    ``parent_version`` is the step of the checkpoint the first step updates; each later step
+    updates the previous one's output. A sample's policy lag is its step's parent version minus
+    its ``policy_version`` (dapo_core/correction.py); a sample newer than the parent is refused.
+    """
+    batches_meta = []
+    for step, shards in steps:
+        try:
+            rows = tb.load_rows([str(s) for s in shards])
+            tb.check_trainable(rows, step=int(step))
+        except tb.TrainBatchError as err:
+            raise TrainStepError(f"step {step}: bad training batch: {err}") from err
+        newer = [r for r in rows if r.policy_version > parent_version]
+        if newer:
+            raise TrainStepError(
+                f"step {step}: {newer[0].origin} (rollout_id {newer[0].rollout_id!r}) has policy_version "
+                f"{newer[0].policy_version}, newer than the parent checkpoint it would update (step {parent_version})"
+            )
+        if len(rows) < config.updates_per_step:
+            raise TrainStepError(
+                f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
+            )
+        batches_meta.append({"step": int(step), "shards": [str(Path(s).resolve()) for s in shards],
+                             "parent_version": int(parent_version)})
+        parent_version = int(step)
+    return batches_meta
+
+
+def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
+                 config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
+                 probe_path: str | Path | None = None) -> dict[str, Any]:
+    """The JSON spec every worker rank gets (engines/train_worker.py: WorkerSpec)."""
+    ds_state = checkpoint_dir / DS_STATE_DIR
+    return {
+        "parent_checkpoint": str(checkpoint_dir.resolve()),
+        "resume_ds_state": str(ds_state.resolve()) if resume else None,
+        "steps": batches_meta,
+        "out_dir": str(staging.resolve()),
+        "metrics_path": str(work_dir / "metrics.json"),
+        "error_path": str(work_dir / "error.txt"),
+        "zero_stage": config.zero_stage,
+        "precision": config.precision,
+        "micro_batch_samples": config.micro_batch_samples,
+        "updates_per_step": config.updates_per_step,
+        "lr": config.lr,
+        "betas": [config.beta1, config.beta2],
+        "weight_decay": config.weight_decay,
+        "adam_eps": config.adam_eps,
+        # The paper counts warm-up in rollout steps; the optimizer counts updates.
+        "warmup_updates": config.warmup_steps * config.updates_per_step,
+        "grad_clip_norm": config.grad_clip_norm,
+        "eps_low": config.eps_low,
+        "eps_high": config.eps_high,
+        "loss_agg": config.loss_agg,
+        "loss_norm_tokens": config.loss_norm_tokens,
+        "dual_clip_c": config.dual_clip_c,
+        "logprob_chunk_tokens": config.logprob_chunk_tokens,
+        "activation_checkpointing": config.activation_checkpointing,
+        # tis_cap (legacy) is "always" with that cap.
+        "behaviour_correction": "always" if config.tis_cap is not None else config.behaviour_correction,
+        "behaviour_weight_cap": config.tis_cap if config.tis_cap is not None else config.behaviour_weight_cap,
+        "seed": config.seed,
+        "save_ds_state": config.keep_optimizer_state,
+        "probe_input_ids": probe_input_ids,
+        "probe_path": str(probe_path) if probe_path is not None else None,
+    }
+
+
+def train_steps(
+    checkpoint_dir: str | Path,
+    steps: Sequence[tuple[int, Sequence[str | Path]]],
+    out_dir: str | Path,
+    *,
+    config: TrainConfig,
+    probe_input_ids: list[list[int]] | None = None,
+    probe_path: str | Path | None = None,
+) -> TrainStepResult:
+    """Run consecutive training steps in ONE engine launch and publish only the last checkpoint.
+
+    The pipeline calls ``train_step`` (one step); several steps in one engine keep the optimizer
+    in memory, which tests compare with steps chained through saved checkpoints.
+    ``probe_input_ids`` (equal-length rows) makes the workers save the updated policy's logits
+    on them to ``probe_path`` (tests: the export must reload with identical logits).
+    """
+    if not steps:
+        raise TrainStepError("no step to run")
+    last_step = int(steps[-1][0])
+    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    t_start = time.perf_counter()
+    parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
+    batch_sha256 = _batch_sha256([s for _, shards in steps for s in shards])
+    if checkpoints.is_complete(out_dir):
+        if made_from(out_dir, config=config, batch_sha256=batch_sha256):
+            return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
+        _discard(out_dir, "published from another config or batch")
+    batches_meta = _check_batches(steps, config, parent.step)
+    ds_state = checkpoint_dir / DS_STATE_DIR
+    resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
+    staging = checkpoints.staging_dir(out_dir)
+    work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
+    try:
+        spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
+                            probe_input_ids=probe_input_ids, probe_path=probe_path)
+        with train_server.lock() if config.keep_workers_warm else contextlib.nullcontext():
+            t_launch = time.perf_counter()
+            group = None
+            if config.keep_workers_warm:
+                worker_metrics, extra, group = _run_warm(spec, work_dir, staging, config=config, step=last_step,
+                                                         parent_id=parent.checkpoint_id, resume=resume)
+            else:
+                _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
+                worker_metrics, extra = json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0}
+            launch_s = time.perf_counter() - t_launch
+            result = _publish_step(worker_metrics, extra, launch_s, staging=staging, out_dir=out_dir, config=config,
+                                   last_step=last_step, parent_id=parent.checkpoint_id, batches_meta=batches_meta,
+                                   resume=resume, t_start=t_start)
+            if group is not None:
+                group.last_checkpoint_id = result.checkpoint_id  # published: the next step may continue
+            return result
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], launch_s: float, *, staging: Path,
+                  out_dir: Path, config: TrainConfig, last_step: int, parent_id: str,
+                  batches_meta: list[dict[str, Any]], resume: bool, t_start: float) -> TrainStepResult:
+    """Id, StepMetrics row, timings and lineage of the staged step, then the atomic publish."""
+    t_publish = time.perf_counter()
+    checkpoint_id = checkpoints.make_checkpoint_id("train", last_step, staging)
+    timings = {k: float(v) for m in worker_metrics for k, v in m["timings"].items()}
+    timings.update(extra)
+    timings["launch_s"] = launch_s
+    timings["launch_overhead_s"] = launch_s - sum(
+        timings.get(k, 0.0) for k in ("load_s", "batch_s", "old_log_probs_s", "updates_s", "save_export_s")
+    )
+    row = _step_metrics_row(last_step, checkpoint_id, parent_id, worker_metrics[-1],
+                            time_train_s=time.perf_counter() - t_start)
+    _write_metrics(row, staging / METRICS_FILE)
+    info = checkpoints.CheckpointInfo(
+        checkpoint_id=checkpoint_id,
+        step=last_step,
+        parent_checkpoint_id=parent_id,
+        produced_by="train",
+        inputs={
+            # As named in the run store (a URI when the shard was fetched into the mirror).
+            "scored_shards": [run_store.source_name(s) for b in batches_meta for s in b["shards"]],
+            "steps": [b["step"] for b in batches_meta],
+            "config": asdict(config),
+            "batch_sha256": _batch_sha256([s for b in batches_meta for s in b["shards"]]),
+            "resumed_optimizer_state": resume,
+        },
+    )
+    timings["publish_s"] = time.perf_counter() - t_publish
+    timings["time_train_s"] = time.perf_counter() - t_start
+    (staging / TIMINGS_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
+    published = checkpoints.publish(staging, out_dir, info)
+    return TrainStepResult(str(published), checkpoint_id, row, timings, worker_metrics)
+
+
+def train_step(
+    checkpoint_dir: str | Path,
+    scored_shards: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    step: int,
+    config: TrainConfig,
+) -> TrainStepResult:
+    """One DAPO step: update the policy in ``checkpoint_dir`` on the kept rows of ``scored_shards``.
+
+    Publishes the next checkpoint at ``out_dir`` (atomic) and returns its id, StepMetrics row and
+    timings. Raises ``TrainStepError`` naming the step on bad input or a failed update.
+    """
+    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config)
+
+
+def train_step_in_store(
+    checkpoint_dir: str,
+    scored_shards: Sequence[str],
+    out_dir: str,
+    *,
+    step: int,
+    config: TrainConfig,
+) -> TrainStepResult:
+    """``train_step`` where the run store may be an object store (storage/run_store.py).
+
+    The parent checkpoint (with its optimizer state) and the batch are fetched into the local
+    mirror; the step publishes into the mirror, and the folder is uploaded with its
+    ``dapo_checkpoint.json`` last. The result names ``out_dir`` as given (the URI).
+    """
+    parent_local = run_store.fetch(checkpoint_dir)
+    shards = run_store.fetch_all(list(scored_shards))
+    if not run_store.is_remote(out_dir):
+        with run_store.output(out_dir, folder=True):  # records the published folder's digests
+            return train_step(parent_local, shards, out_dir, step=step, config=config)
+    if checkpoints.is_complete(out_dir):
+        # Uploaded before the task's result was recorded (killed in between): reuse it if it was
+        # made from these inputs.
+        if made_from(run_store.fetch(out_dir), config=config, batch_sha256=_batch_sha256(shards)):
+            return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
+        _discard(out_dir, "published from another config or batch")
+    with run_store.output(out_dir, folder=True) as local:
+        result = train_step(parent_local, shards, local, step=step, config=config)
+    return dataclasses.replace(result, checkpoint_dir=out_dir)
+
+
+_TEMP_OWNER = re.compile(r"^dapo-train-.*pid(\d+)-")
+
+
+def clean_stale_temp_dirs(temp_root: str | Path | None = None) -> list[Path]:
+    """Delete ``dapo-train-*`` temp folders whose owner process is gone (a kill -9 leaves them).
+
+    Every such folder's name carries its owner's pid (``...-pid<N>-...``, see ``train_steps``
+    and engines/train_server.py); folders of live pids and of unknown owner are left alone.
+    Returns the folders removed.
+    """
+    removed = []
+    for path in Path(temp_root or tempfile.gettempdir()).glob("dapo-train-*"):
+        match = _TEMP_OWNER.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # alive
+        except PermissionError:
+            continue  # alive, another user's
+        except ProcessLookupError:
+            pass
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -1,0 +1,88 @@
+"""Imports run one way: each package imports only packages in layers below it (docs/ARCHITECTURE.md).
+
+Every import statement counts, also those inside functions (a lazy import still couples the
+code). ``infra.deploy`` is the one module outside its package's layer: it serialises every task
+for a cluster, so it sits on top with the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from infra.versioning import PROJECT_PACKAGES
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Bottom to top. A package may import its own modules and packages of lower layers only.
+LAYERS: dict[str, int] = {
+    "dapo_core": 0,  # the algorithm: pure functions (torch, numpy, math-verify)
+    "schemas": 1,  # stage-boundary models and atomic shard I/O
+    "settings": 1,  # one frozen dataclass per stage, validated on construction
+    "storage": 2,  # run store (filesystem / object store), digests, checkpoints, run layout
+    "readers": 3,  # raw problem sources: files, Hugging Face folders, synthetic problems
+    "infra": 3,  # task environments, images, cache versions, DeepSpeed config, sizing
+    "engines": 4,  # the work: curation, vLLM rollout, scoring, DeepSpeed training, evaluation
+    "tasks": 5,  # the Flyte tasks: read inputs, call an engine, write outputs
+    "workflows": 6,  # the driver, configs, CLI, lineage, reports
+    "infra.deploy": 7,  # `dapo deploy`: serialises every task and reads run configs, so on top
+}
+
+
+def unit_of(module: str) -> str:
+    return "infra.deploy" if module == "infra.deploy" or module.startswith("infra.deploy.") else module.split(".")[0]
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) of every absolute import in ``path``, function-level ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def layer_violations(root: Path, packages: tuple[str, ...]) -> list[str]:
+    """Every import in ``root``'s ``packages`` that goes sideways or up, or touches a package with no layer."""
+    problems = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            here = unit_of(module)
+            if here not in LAYERS:
+                problems.append(f"{path.relative_to(root)}: package {here!r} has no layer in LAYERS")
+                continue
+            for line, target in imports_of(path):
+                if target.split(".")[0] not in packages:
+                    continue  # stdlib or third-party
+                there = unit_of(target)
+                if there == here:
+                    continue
+                if there not in LAYERS or LAYERS[there] >= LAYERS[here]:
+                    problems.append(f"{path.relative_to(root)}:{line}: {here} (layer {LAYERS.get(here)}) imports "
+                                    f"{target} (layer {LAYERS.get(there)})")
+    return problems
+
+
+def test_every_project_package_has_a_layer() -> None:
+    assert set(PROJECT_PACKAGES) <= set(LAYERS), set(PROJECT_PACKAGES) - set(LAYERS)
+
+
+def test_imports_run_one_way() -> None:
+    assert layer_violations(REPO, PROJECT_PACKAGES) == []
+
+
+def test_the_check_catches_an_upward_and_a_sideways_import(tmp_path: Path) -> None:
+    for package in ("dapo_core", "engines", "tasks", "workflows", "schemas", "settings"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "dapo_core" / "losses.py").write_text("def f():\n    from workflows.config import RunConfig\n")
+    (tmp_path / "schemas" / "models.py").write_text("import settings.train\n")
+    (tmp_path / "tasks" / "train.py").write_text("from engines.train_launch import train_step\nimport torch\n")
+    found = layer_violations(tmp_path, ("dapo_core", "engines", "tasks", "workflows", "schemas", "settings"))
+    assert found == [
+        "dapo_core/losses.py:2: dapo_core (layer 0) imports workflows.config (layer 6)",
+        "schemas/models.py:1: schemas (layer 1) imports settings.train (layer 1)",
+    ]

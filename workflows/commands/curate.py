@@ -1,0 +1,76 @@
+"""``dapo curate INPUT... --out DIR``: curate outside the pipeline (in-process, or as a local Flyte task)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dapo_core.answers import (
+    DAPO_PROMPT_TEMPLATE,
+    TINY_PROMPT_TEMPLATE,
+)
+from engines.curation import CurateReport, curate_sources
+from readers.problem_files import CurationError
+from settings.curate import CurateConfig
+from storage import run_store
+from tasks.curate import curate
+
+_TEMPLATES = {"dapo": DAPO_PROMPT_TEMPLATE, "tiny": TINY_PROMPT_TEMPLATE}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``dapo curate``."""
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="file (.parquet/.jsonl), hf:NAME_OR_PATH or synthetic:n=..,seed=..; append @train/@test to force the split")
+    parser.add_argument("--out", required=True, help="output folder (problems/, rejected/, curate_report.json)")
+    parser.add_argument("--template", choices=sorted(_TEMPLATES), default="dapo", help="named prompt template")
+    parser.add_argument("--prompt-template", default=None, help="custom template containing {problem} (overrides --template)")
+    parser.add_argument("--test-fraction", type=float, default=CurateConfig.test_fraction)
+    parser.add_argument("--split-seed", type=int, default=CurateConfig.split_seed)
+    parser.add_argument("--no-dedup", action="store_true", help="keep every copy of a repeated problem")
+    parser.add_argument("--rows-per-shard", type=int, default=CurateConfig.rows_per_shard)
+    parser.add_argument("--rewrite", action="append", default=[], metavar="MODULE:FUNCTION",
+                        help="answer rewrite hook tried before integer conversion (repeatable)")
+    parser.add_argument("--no-rewrite", action="store_true",
+                        help="reject non-integer answers instead of rewriting them (dapo_core.answer_rewrite)")
+    parser.add_argument("--flyte", action="store_true", help="run as a local Flyte task (cached) instead of in-process")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``dapo curate``: curate, print counts per split and per reason; 1 on a curation error."""
+    template = args.prompt_template.encode().decode("unicode_escape") if args.prompt_template else _TEMPLATES[args.template]
+    config = CurateConfig(
+        prompt_template=template,
+        test_fraction=args.test_fraction,
+        split_seed=args.split_seed,
+        dedup=not args.no_dedup,
+        rows_per_shard=args.rows_per_shard,
+        answer_rewrites=tuple(args.rewrite),
+        rewrite_answers=not args.no_rewrite,
+    )
+    try:
+        if args.flyte:
+            import flyte
+
+            flyte.init()
+            out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
+            run = flyte.run(curate, inputs=list(args.inputs), out_dir=out_dir, config=config)
+            outputs = run.outputs()
+            report = outputs if isinstance(outputs, CurateReport) else outputs[0]
+        else:
+            with run_store.output(args.out, folder=True) as local:  # a path, or an object-store URI
+                report = curate_sources(args.inputs, local, config)
+    except (CurationError, ValueError) as err:
+        print(f"dapo curate: error: {err}", file=sys.stderr)
+        return 1
+    print(f"input rows: {report.input_rows}  kept: {report.kept}  rejected: {report.rejected}")
+    for split, n in report.kept_by_split.items():
+        print(f"  kept   {split:<22} {n}")
+    for rule, n in report.kept_by_rule.items():
+        if rule != "integer":
+            print(f"  rewrite {rule:<21} {n}")
+    for reason, n in report.rejected_by_reason.items():
+        print(f"  reject {reason:<22} {n}")
+    print(f"shards under {args.out}: {len(report.problem_shards)} problem, {len(report.rejected_shards)} rejected")
+    return 0

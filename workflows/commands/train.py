@@ -1,0 +1,32 @@
+"""``dapo train``: one DAPO step from a checkpoint and ScoredRollout shards, outside Flyte."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engines.train_launch import TrainStepError, train_step_in_store
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="published checkpoint folder (a path or an object-store URI) to train from")
+    parser.add_argument("scored", nargs="+", help="ScoredRollout shard(s) (files or folders)")
+    parser.add_argument("--out", required=True, help="folder of the next checkpoint (published atomically)")
+    parser.add_argument("--step", type=int, required=True, help="the step number this update produces")
+    parser.add_argument("--config", help="run config YAML whose `train` section to use")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a TrainConfig field")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from workflows.config import stage_config
+
+    config = stage_config("train", args.config, args.set)
+    try:
+        result = train_step_in_store(args.checkpoint, args.scored, args.out, step=args.step, config=config)
+    except TrainStepError as err:
+        print(f"dapo train: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings},
+                     indent=2, sort_keys=True, default=str))
+    return 0
