@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import schemas
@@ -22,6 +23,25 @@ from engines.rollout import generate_rollouts
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage import checkpoints, run_store
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """One evaluation of a checkpoint (the per-problem rows are in its EvalResult shard)."""
+
+    eval_set: str
+    checkpoint_id: str
+    problems: int
+    k: int  # samples per problem (the largest, when copies of a problem differ: see k_values)
+    k_values: list[int]
+    input_rows: int
+    rejected_rows: int
+    avg_at_k: float
+    pass_at_k: float
+    maj_at_k: float
+    verdict_timeouts: int
+    verdict_errors: int
+    seconds: float
 
 
 def evaluate_checkpoint(
@@ -85,18 +105,18 @@ def evaluate_checkpoint(
     schemas.write_shard(out_rows, out_path, schemas.EvalResult)
     n = len(out_rows)
     ks = sorted({r["k"] for r in out_rows})
-    return {
-        "eval_set": config.eval_set,
-        "checkpoint_id": checkpoint_id,
-        "problems": n,
-        "k": ks[-1],  # samples per problem (the largest, when copies differ: see k_values)
-        "k_values": ks,
-        "input_rows": eval_set.input_rows,
-        "rejected_rows": eval_set.rejected,
-        "avg_at_k": sum(r["avg_at_k"] for r in out_rows) / n,
-        "pass_at_k": sum(pass_at_k(r["k"], r["num_correct"], r["k"]) for r in out_rows) / n,
-        "maj_at_k": sum(r["maj_correct"] for r in out_rows) / n,
-        "verdict_timeouts": sum(r["verdict_timeouts"] for r in out_rows),
-        "verdict_errors": sum(r["verdict_errors"] for r in out_rows),
-        "seconds": round(time.perf_counter() - started, 3),
-    }
+    return EvalSummary(
+        eval_set=config.eval_set,
+        checkpoint_id=checkpoint_id,
+        problems=n,
+        k=ks[-1],
+        k_values=ks,
+        input_rows=eval_set.input_rows,
+        rejected_rows=eval_set.rejected,
+        avg_at_k=sum(r["avg_at_k"] for r in out_rows) / n,
+        pass_at_k=sum(pass_at_k(r["k"], r["num_correct"], r["k"]) for r in out_rows) / n,
+        maj_at_k=sum(r["maj_correct"] for r in out_rows) / n,
+        verdict_timeouts=sum(r["verdict_timeouts"] for r in out_rows),
+        verdict_errors=sum(r["verdict_errors"] for r in out_rows),
+        seconds=round(time.perf_counter() - started, 3),
+    )

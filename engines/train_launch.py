@@ -300,35 +300,13 @@ def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], stagi
     """The JSON spec every worker rank gets (engines/train_worker.py: WorkerSpec)."""
     ds_state = checkpoint_dir / DS_STATE_DIR
     return {
+        "train": asdict(config),  # the stage's settings whole: the worker reads what it needs
         "parent_checkpoint": str(checkpoint_dir.resolve()),
         "resume_ds_state": str(ds_state.resolve()) if resume else None,
         "steps": batches_meta,
         "out_dir": str(staging.resolve()),
         "metrics_path": str(work_dir / "metrics.json"),
         "error_path": str(work_dir / "error.txt"),
-        "zero_stage": config.zero_stage,
-        "precision": config.precision,
-        "micro_batch_samples": config.micro_batch_samples,
-        "updates_per_step": config.updates_per_step,
-        "lr": config.lr,
-        "betas": [config.beta1, config.beta2],
-        "weight_decay": config.weight_decay,
-        "adam_eps": config.adam_eps,
-        # The paper counts warm-up in rollout steps; the optimizer counts updates.
-        "warmup_updates": config.warmup_steps * config.updates_per_step,
-        "grad_clip_norm": config.grad_clip_norm,
-        "eps_low": config.eps_low,
-        "eps_high": config.eps_high,
-        "loss_agg": config.loss_agg,
-        "loss_norm_tokens": config.loss_norm_tokens,
-        "dual_clip_c": config.dual_clip_c,
-        "logprob_chunk_tokens": config.logprob_chunk_tokens,
-        "activation_checkpointing": config.activation_checkpointing,
-        # tis_cap (legacy) is "always" with that cap.
-        "behaviour_correction": "always" if config.tis_cap is not None else config.behaviour_correction,
-        "behaviour_weight_cap": config.tis_cap if config.tis_cap is not None else config.behaviour_weight_cap,
-        "seed": config.seed,
-        "save_ds_state": config.keep_optimizer_state,
         "probe_input_ids": probe_input_ids,
         "probe_path": str(probe_path) if probe_path is not None else None,
     }

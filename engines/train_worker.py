@@ -73,6 +73,7 @@ from dapo_core.losses import policy_loss
 from dapo_core.metrics import token_mean_entropy
 from engines import train_batch as tb
 from schemas.disk_space import writing
+from settings.train import TrainConfig
 from storage.run_store import write_text
 
 DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
@@ -88,40 +89,26 @@ class TrainStepFailure(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """The JSON spec ``engines/train_launch.py`` hands to every worker process (fields as in TrainConfig)."""
+    """What ``engines/train_launch.py`` hands every worker process: the stage's settings whole
+    (``train``, settings/train.py) and this launch's paths, batches and mailbox."""
 
+    train: TrainConfig  # every training setting, as the run config holds it
     parent_checkpoint: str  # HF folder of the policy to update
     resume_ds_state: str | None  # the parent's ds_state/ folder, or None for a fresh optimizer
     steps: list[dict[str, Any]]  # [{"step": int, "shards": [paths]}]; > 1 = consecutive steps, one engine
     out_dir: str  # staging folder that receives the HF export and ds_state/
     metrics_path: str  # JSON written by rank 0: one metrics dict per step
     error_path: str  # text file written by the failing rank
-    zero_stage: int
-    precision: str
-    micro_batch_samples: int
-    updates_per_step: int
-    lr: float
-    betas: tuple[float, float]
-    weight_decay: float
-    adam_eps: float
-    warmup_updates: int
-    grad_clip_norm: float
-    eps_low: float
-    eps_high: float
-    loss_agg: str
-    loss_norm_tokens: int
-    dual_clip_c: float | None
-    behaviour_correction: str  # "auto" | "always" | "off" (TrainConfig.behaviour_correction; tis_cap resolved)
-    behaviour_weight_cap: float
-    seed: int
-    save_ds_state: bool = True
-    logprob_chunk_tokens: int = 0  # TrainConfig.logprob_chunk_tokens
-    activation_checkpointing: bool = False  # TrainConfig.activation_checkpointing
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
     serve_dir: str | None = None  # serve mode: the request mailbox (engines/train_server.py); None = one launch
     owner_pid: int | None = None  # serve mode: exit when this process is gone
     owner_start_ticks: int | None = None  # its start time (/proc/PID/stat field 22): pids get reused
+
+    @property
+    def warmup_updates(self) -> int:
+        """The paper counts warm-up in rollout steps (sec. 4.1); the optimizer counts updates."""
+        return self.train.warmup_steps * self.train.updates_per_step
 
     @classmethod
     def from_json(cls, path: str | Path) -> WorkerSpec:
@@ -129,8 +116,8 @@ class WorkerSpec:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> WorkerSpec:
-        """From the JSON form (engines/train_launch.py: _worker_spec), where ``betas`` is a list."""
-        return cls(**{**raw, "betas": tuple(raw["betas"])})
+        """From the JSON form (engines/train_launch.py: _worker_spec)."""
+        return cls(**{**raw, "train": TrainConfig(**raw["train"])})
 
 
 def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
@@ -197,24 +184,24 @@ class _StepRunner:
         self.updates_done = 0
         self.head_calls: int | None = None  # output-head calls per forward with chunked log-probs (run_step)
         self.last_saved: tuple[int, int] | None = None  # (step, updates_done) of the last save()
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(spec.train.seed)
         model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
         self.pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
-        if spec.activation_checkpointing:
+        if spec.train.activation_checkpointing:
             # Keep only each layer's input in forward; recompute the rest in backward.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         ds_config = build_deepspeed_config(
-            zero_stage=spec.zero_stage,
-            precision=spec.precision,
-            micro_batch_samples=spec.micro_batch_samples,
+            zero_stage=spec.train.zero_stage,
+            precision=spec.train.precision,
+            micro_batch_samples=spec.train.micro_batch_samples,
             gradient_accumulation_steps=1,  # set per step from the batch (set_train_batch_size)
             world_size=self.world_size,
-            lr=spec.lr,
-            betas=spec.betas,
-            weight_decay=spec.weight_decay,
-            adam_eps=spec.adam_eps,
-            grad_clip_norm=spec.grad_clip_norm,
+            lr=spec.train.lr,
+            betas=(spec.train.beta1, spec.train.beta2),
+            weight_decay=spec.train.weight_decay,
+            adam_eps=spec.train.adam_eps,
+            grad_clip_norm=spec.train.grad_clip_norm,
         )
         warmup = spec.warmup_updates
 
@@ -233,7 +220,7 @@ class _StepRunner:
             raise TrainStepFailure(f"{state_dir}: DeepSpeed state without {DS_META_FILE}")
         meta = json.loads(meta_path.read_text())
         # ZeRO partitions optimizer state by rank: a different layout cannot be loaded as is.
-        for key, now in (("world_size", self.world_size), ("zero_stage", self.spec.zero_stage)):
+        for key, now in (("world_size", self.world_size), ("zero_stage", self.spec.train.zero_stage)):
             if meta[key] != now:
                 raise TrainStepFailure(
                     f"{state_dir}: optimizer state was saved with {key}={meta[key]} but this step runs with "
@@ -257,7 +244,7 @@ class _StepRunner:
         """
         ids = mb.input_ids.to(self.device)
         attention = mb.attention_mask.to(self.device).long()
-        chunk = self.spec.logprob_chunk_tokens
+        chunk = self.spec.train.logprob_chunk_tokens
         if not chunk:
             logits = self.engine(input_ids=ids, attention_mask=attention).logits
             entropy_sum = None
@@ -298,25 +285,25 @@ class _StepRunner:
         # each sample's policy lag, whatever made it stale (carried surplus, pipelined rollout).
         # "auto" leaves on-policy samples at weight 1 and an all-fresh batch on the exact code path
         # it had without correction; "always" weights every sample (TIS).
-        correct = {"always": True, "auto": bool(stale.any()), "off": False}[spec.behaviour_correction]
-        correct_samples = stale if spec.behaviour_correction == "auto" else None
-        if spec.logprob_chunk_tokens:
+        correct = {"always": True, "auto": bool(stale.any()), "off": False}[spec.train.correction_mode]
+        correct_samples = stale if spec.train.correction_mode == "auto" else None
+        if spec.train.logprob_chunk_tokens:
             # Chunks per forward from the whole batch's width, which every rank knows: micro-batches
             # are trimmed to their own length, but under ZeRO-3 each head call is a collective
             # gather, so all ranks must make the same number of calls (dapo_core/logprobs.py).
-            self.head_calls = -(-(batch.input_ids.shape[1] - 1) // spec.logprob_chunk_tokens)
-        minis = tb.mini_batches(batch.num_samples, spec.updates_per_step, seed=spec.seed + step)
-        gas = tb.accumulation_steps([len(m) for m in minis], world_size=W, micro_batch_samples=spec.micro_batch_samples)
+            self.head_calls = -(-(batch.input_ids.shape[1] - 1) // spec.train.logprob_chunk_tokens)
+        minis = tb.mini_batches(batch.num_samples, spec.train.updates_per_step, seed=spec.train.seed + step)
+        gas = tb.accumulation_steps([len(m) for m in minis], world_size=W, micro_batch_samples=spec.train.micro_batch_samples)
         # Only the loss scaling in engine.backward and the sample count read this; where the optimizer
         # steps is set explicitly per micro-batch below.
-        self.engine.set_train_batch_size(spec.micro_batch_samples * gas * W)
+        self.engine.set_train_batch_size(spec.train.micro_batch_samples * gas * W)
         # plan[m] = this rank's micro-batches of mini-batch m, padded with zero-weight repeats of
         # the mini-batch's first sample so every rank runs exactly ``gas`` forward/backward passes
         # (ZeRO-3 gathers parameters collectively in each forward).
         plan: list[list[tuple[list[int], float]]] = []
         for mini in minis:
             micro = [(idx, 1.0) for idx in tb.rank_micro_batches(mini, rank=self.rank, world_size=W,
-                                                                   micro_batch_samples=spec.micro_batch_samples)]
+                                                                   micro_batch_samples=spec.train.micro_batch_samples)]
             micro += [([mini[0]], 0.0)] * (gas - len(micro))
             plan.append(micro)
         timings["batch_s"] = time.perf_counter() - t0
@@ -341,7 +328,7 @@ class _StepRunner:
                     row.append(lp)
                     if correct:
                         w, w_metrics = behaviour_weights(
-                            lp, mb.rollout_log_probs, mb.loss_mask, cap=spec.behaviour_weight_cap,
+                            lp, mb.rollout_log_probs, mb.loss_mask, cap=spec.train.correction_cap,
                             sample_mask=None if correct_samples is None else correct_samples[list(idx)])
                         w_row.append(w)
                         n_w = float(w_metrics["num_tokens"]) * weight
@@ -389,7 +376,7 @@ class _StepRunner:
             # seq-mean-token-mean averages over responses with a loss token (an overlong-filtered
             # response is not a sample of the mean); Dr.GRPO's sum-norm over every response.
             mini_sequences = {"token-mean": None, "seq-mean-token-mean": mini_seqs_valid,
-                              "seq-mean-token-sum-norm": mini_seqs}[spec.loss_agg]
+                              "seq-mean-token-sum-norm": mini_seqs}[spec.train.loss_agg]
             if mini_tokens == 0:
                 continue  # every sample of this mini-batch is overlong-filtered: nothing to learn
             finite = True
@@ -415,10 +402,10 @@ class _StepRunner:
                     advantages = advantages * behav_w[m][j].to(device)
                 loss, metrics = policy_loss(
                     lp.float(), old, advantages, mask,
-                    eps_low=spec.eps_low, eps_high=spec.eps_high, dual_clip_c=spec.dual_clip_c,
-                    agg=spec.loss_agg, total_sequences=mini_sequences,
-                    total_tokens=mini_tokens if spec.loss_agg == "token-mean" else None,
-                    max_response_tokens=spec.loss_norm_tokens or None,
+                    eps_low=spec.train.eps_low, eps_high=spec.train.eps_high, dual_clip_c=spec.train.dual_clip_c,
+                    agg=spec.train.loss_agg, total_sequences=mini_sequences,
+                    total_tokens=mini_tokens if spec.train.loss_agg == "token-mean" else None,
+                    max_response_tokens=spec.train.loss_norm_tokens or None,
                 )
                 finite = finite and bool(torch.isfinite(loss))
                 self.engine.backward(loss * (weight * scale))
@@ -511,7 +498,7 @@ class _StepRunner:
         state_dir = out / DS_STATE_DIR
         tag = f"step{last_step:06d}"
         t0 = time.perf_counter()
-        if spec.save_ds_state:
+        if spec.train.keep_optimizer_state:
             with writing(state_dir, "the DeepSpeed optimizer state"):
                 self.engine.save_checkpoint(str(state_dir), tag=tag)
         dist.barrier()
@@ -525,18 +512,18 @@ class _StepRunner:
             really_missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
             if really_missing or unexpected:
                 raise TrainStepFailure(f"export: weights missing {really_missing[:5]}, unexpected {unexpected[:5]}")
-            if spec.precision == "bf16":
+            if spec.train.precision == "bf16":
                 model = model.to(torch.bfloat16)
             with writing(out, "the checkpoint's weights"):
                 model.save_pretrained(out, safe_serialization=True)
                 _copy_tokenizer_files(Path(spec.parent_checkpoint), out)
-            if spec.save_ds_state:
-                meta = {"tag": tag, "world_size": self.world_size, "zero_stage": spec.zero_stage,
-                        "precision": spec.precision, "updates_done": self.updates_done, "step": last_step}
+            if spec.train.keep_optimizer_state:
+                meta = {"tag": tag, "world_size": self.world_size, "zero_stage": spec.train.zero_stage,
+                        "precision": spec.train.precision, "updates_done": self.updates_done, "step": last_step}
                 (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         dist.barrier()
         timings["export_s"] = time.perf_counter() - t0
-        self.last_saved = (last_step, self.updates_done) if spec.save_ds_state else None
+        self.last_saved = (last_step, self.updates_done) if spec.train.keep_optimizer_state else None
         return timings
 
     def can_continue_from(self, resume_ds_state: str | None) -> bool:
@@ -553,7 +540,7 @@ class _StepRunner:
             return False
         meta = json.loads(meta_path.read_text())
         return (int(meta["step"]), int(meta["updates_done"])) == self.last_saved and \
-            meta["world_size"] == self.world_size and meta["zero_stage"] == self.spec.zero_stage
+            meta["world_size"] == self.world_size and meta["zero_stage"] == self.spec.train.zero_stage
 
 
 def _run_request(runner: _StepRunner, spec: WorkerSpec, load_s: float,

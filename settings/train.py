@@ -58,6 +58,16 @@ class TrainConfig:
     # saves process start + engine construction per step, same results; False = one launch per step.
     keep_workers_warm: bool = True
 
+    @property
+    def correction_mode(self) -> str:
+        """The behaviour correction in force: the legacy ``tis_cap`` means "always" with that cap."""
+        return "always" if self.tis_cap is not None else self.behaviour_correction
+
+    @property
+    def correction_cap(self) -> float:
+        """The truncation of the behaviour weight in force (``tis_cap`` when set)."""
+        return self.tis_cap if self.tis_cap is not None else self.behaviour_weight_cap
+
     def __post_init__(self) -> None:
         check_fields(self, {
             "num_processes": (self.num_processes >= 1, "must be >= 1"),

@@ -5,9 +5,7 @@ The work is engines/evaluation.py; settings: settings/evaluate.py; ``dapo eval``
 
 from __future__ import annotations
 
-import json
-
-from engines.evaluation import evaluate_checkpoint
+from engines.evaluation import EvalSummary, evaluate_checkpoint
 from infra.environments import rollout_env, stage_cache
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
@@ -25,9 +23,8 @@ def evaluate(
     config: EvalConfig,
     engine_config: RolloutConfig,
     upstream_digest: str = "",  # cache key of the checkpoint's and problems' content (workflows/verified_calls.py)
-) -> str:
-    """Flyte task: evaluate ``checkpoint_dir``; writes EvalResult to ``out_path``, returns the summary JSON."""
+) -> EvalSummary:
+    """Flyte task: evaluate ``checkpoint_dir``; writes EvalResult to ``out_path``, returns the summary."""
     with run_store.output(out_path) as local:
-        summary = evaluate_checkpoint(checkpoint_dir, run_store.fetch_all(problem_paths), str(local), step, config,
-                                      engine_config)
-    return json.dumps(summary, sort_keys=True)
+        return evaluate_checkpoint(checkpoint_dir, run_store.fetch_all(problem_paths), str(local), step, config,
+                                   engine_config)

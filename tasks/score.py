@@ -5,10 +5,7 @@ The work is engines/scoring.py; settings: settings/score.py; ``dapo score``: wor
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
-from engines.scoring import score_shards
+from engines.scoring import ScoreStats, score_shards
 from infra.environments import cpu_env, stage_cache
 from settings.score import ScoreConfig
 from storage import run_store
@@ -20,11 +17,10 @@ from storage import run_store
 def score(
     rollout_paths: list[str], problem_paths: list[str], out_path: str, max_response_tokens: int, config: ScoreConfig,
     upstream_digest: str = "",  # cache key of the inputs' content (workflows/verified_calls.py)
-) -> str:
-    """Flyte task: score Rollout shards into ``out_path``; returns the stats as JSON."""
+) -> ScoreStats:
+    """Flyte task: score Rollout shards into ``out_path``; returns the round's counts."""
     with run_store.output(out_path) as local:
-        stats = score_shards(
+        return score_shards(
             run_store.fetch_all(rollout_paths), run_store.fetch_all(problem_paths), str(local),
             max_response_tokens=max_response_tokens, config=config,
         )
-    return json.dumps(asdict(stats), sort_keys=True)

@@ -2,9 +2,11 @@
 
 A run config has one section per stage (``curate``, ``bootstrap``, ``rollout``, ``score``,
 ``train``, ``evaluate``) plus ``run`` for the driver loop. Each section becomes that stage's
-frozen dataclass, defined beside its task; ``--set section.field=value`` overrides one field
+frozen dataclass (settings/); ``--set section.field=value`` overrides one field
 (the value is parsed as YAML, so ``--set train.lr=3e-4`` is a float). Unknown sections or
-fields, and values of the wrong type, are errors that name the file and the field.
+fields, and values of the wrong type, are errors that name the file and the field. Settings
+that follow from others are derived when a config leaves them out (:data:`DERIVED`: the
+evaluation length cap and Dr.GRPO's normaliser from ``rollout.max_response_tokens``).
 """
 
 from __future__ import annotations
@@ -217,10 +219,30 @@ def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overri
                 raise ConfigError(f"--set {item}: unknown section {section!r}; known: {sorted(classes)}")
             merged[section].update(fields)
             blame[section].update({field: item for field in fields})
+    _derive(merged)
     built = {name: _build(cls, merged[name], f"{source}: {name}", blame[name]) for name, cls in classes.items()}
     config = RunConfig(**built, source=source)
     _check_run(config, source, blame)
     return config
+
+
+# Settings a run config derives from another section when it does not set them itself:
+# (section, field) <- (section, field), and when the derivation applies.
+DERIVED: dict[tuple[str, str], tuple[tuple[str, str], str]] = {
+    # Held-out answers get the training response cap (the paper evaluates at the training length).
+    ("evaluate", "max_response_tokens"): (("rollout", "max_response_tokens"), "always"),
+    # Dr.GRPO's constant normaliser is the response cap (Liu et al. 2025), needed by that aggregation only.
+    ("train", "loss_norm_tokens"): (("rollout", "max_response_tokens"), "seq-mean-token-sum-norm"),
+}
+
+
+def _derive(merged: dict[str, dict[str, Any]]) -> None:
+    """Fill each :data:`DERIVED` field the sections leave unset from its source field (in place)."""
+    for (section, field), ((source_section, source_field), when) in DERIVED.items():
+        if field in merged[section] or source_field not in merged[source_section]:
+            continue
+        if when == "always" or merged["train"].get("loss_agg") == when:
+            merged[section][field] = merged[source_section][source_field]
 
 
 def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]]) -> None:

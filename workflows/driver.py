@@ -11,6 +11,7 @@ import json
 import math
 import platform
 import time
+from dataclasses import asdict
 from typing import Any
 
 import flyte
@@ -107,9 +108,9 @@ def _held_out_intervals(layout: RunLayout, evals: list[dict[str, Any]]) -> dict[
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
     PROGRESS["at"] = f"the evaluation of step {step}"
     out = str(layout.eval_shard(step))
-    text = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
-                               upstream=[checkpoint, layout.curate_dir])
-    return {"step": step, **json.loads(text)}
+    summary = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
+                                  upstream=[checkpoint, layout.curate_dir])
+    return {"step": step, **asdict(summary)}
 
 
 def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
@@ -271,7 +272,7 @@ class _PipelineStages:
         rollout_s = time.perf_counter() - t
         scored_path = str(layout.scored_shard(step, generation_round))
         t = time.perf_counter()
-        stats = json.loads(
+        stats = asdict(
             await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
                                 cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
         )

@@ -134,6 +134,14 @@ def test_shard_validates_and_flags_truncation(checkpoint: Path, problem_shard: P
     # A random model rarely emits EOS within 12 tokens: most samples hit the cap.
     assert any(r["truncated"] for r in rows)
     assert Path(str(out) + ".manifest.json").is_file()
+    # `dapo score` reads the response cap (L_max, eq. 13) from the manifest when not given.
+    from workflows.cli import main
+
+    assert main(["score", str(out), "--problems", str(problem_shard), "--out", str(workdir / "s0.parquet"),
+                 "--set", "overlong_buffer_tokens=4"]) == 0
+    scored = schemas.read_shard(workdir / "s0.parquet", schemas.ScoredRollout).to_pylist()
+    # A truncated sample (length 12 = the cap, inside the 4-token buffer) gets the full -1 penalty.
+    assert all(r["overlong_penalty"] == -1.0 for r in scored if r["truncated"])
 
 
 def test_same_seed_gives_byte_identical_shard(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
@@ -209,7 +217,7 @@ def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path,
     out = workdir / "eval" / "repeated.parquet"
     config = EvalConfig(samples_per_problem=0, max_response_tokens=8, prompt_template="{problem}=\n")
     summary = evaluate_checkpoint(str(checkpoint), [str(raw)], str(out), 0, config, _config())
-    assert (summary["problems"], summary["k_values"], summary["input_rows"]) == (2, [2, 3], 5)
+    assert (summary.problems, summary.k_values, summary.input_rows) == (2, [2, 3], 5)
     table = schemas.read_shard(out, schemas.EvalResult)
     assert table.column("k").to_pylist() == [2, 3]
     assert table.column("problem_id").to_pylist() == [problem_id("3+4"), problem_id("9-5")]

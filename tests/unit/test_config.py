@@ -133,3 +133,17 @@ def test_evaluation_may_sample_differently_from_training() -> None:
     assert config.top_p == 0.7
     cfg = load_config(REPO / "configs" / "tiny-cpu.yaml", ["evaluate.top_p=0.5", "evaluate.samples_per_problem=1"])
     assert cfg.evaluate.top_p == 0.5
+
+
+def test_length_caps_are_derived_from_the_rollout_cap_unless_set() -> None:
+    from workflows.config import load_config
+
+    config = load_config(REPO / "configs" / "tiny-cpu.yaml", ["rollout.max_response_tokens=48"])
+    assert config.evaluate.max_response_tokens == 48  # follows the rollout cap
+    assert config.train.loss_norm_tokens == 0  # token-mean needs no normaliser: not derived
+    drgrpo = load_config(REPO / "configs" / "tiny-cpu.yaml", ["rollout.max_response_tokens=48",
+                                                             "train.loss_agg=seq-mean-token-sum-norm"])
+    assert drgrpo.train.loss_norm_tokens == 48  # Dr.GRPO's normaliser = the response cap
+    own = load_config(REPO / "configs" / "tiny-cpu.yaml", ["rollout.max_response_tokens=48",
+                                                          "evaluate.max_response_tokens=20"])
+    assert own.evaluate.max_response_tokens == 20  # an explicit value wins

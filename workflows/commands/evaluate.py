@@ -35,6 +35,6 @@ def run_cli(args: argparse.Namespace) -> int:
     with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
         summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
                                       config, engine_config)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True))
     print(f"wrote {args.out}")
     return 0
