@@ -15,11 +15,12 @@ Two implementations live here: ``group_advantages`` (vectorised with ``index_add
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 import torch
 
-__all__ = ["dense_group_index", "group_advantages", "group_advantages_reference"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "dense_group_index", "dr_grpo_advantages", "estimate_advantages", "group_advantages",
+           "group_advantages_reference"]
 
 
 def dense_group_index(group_ids: torch.Tensor | Iterable[Hashable], num_items: int) -> tuple[torch.Tensor, int]:
@@ -110,6 +111,26 @@ def group_advantages(
     no_signal = singleton | (std_i == 0)
     adv = centred / torch.where(no_signal, torch.ones_like(std_i), std_i + eps)
     return torch.where(no_signal, torch.zeros_like(adv), adv)
+
+
+def dr_grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor | Iterable[Hashable], eps: float = 1e-6) -> torch.Tensor:
+    """Dr.GRPO (arXiv 2503.20783): ``R - mean`` of the group, no division by its std."""
+    return group_advantages(rewards, group_ids, eps, normalize_by_std=False)
+
+
+# The advantage-estimator registry: the name a config or an ablation rung selects -> its function
+# (rewards [N], group ids [N]) -> advantages [N].
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {
+    "grpo": group_advantages,  # (R - mean) / (std + eps), paper eq. 9 (GRPO and DAPO)
+    "dr-grpo": dr_grpo_advantages,
+}
+
+
+def estimate_advantages(name: str, rewards: torch.Tensor, group_ids: torch.Tensor | Iterable[Hashable]) -> torch.Tensor:
+    """Advantages of every response with the estimator registered as ``name``."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator must be one of {list(ADVANTAGE_ESTIMATORS)}, got {name!r}")
+    return ADVANTAGE_ESTIMATORS[name](rewards, group_ids)
 
 
 def group_advantages_reference(

@@ -34,14 +34,15 @@ estimate of KL(pi_theta || pi_ref) per token, for the naive-GRPO baseline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 
-__all__ = ["AGGREGATIONS", "Aggregation", "policy_loss", "policy_loss_reference"]
+__all__ = ["AGGREGATIONS", "Aggregation", "aggregate", "policy_loss", "policy_loss_reference"]
 
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+Denominator = int | float | torch.Tensor | None  # a global count from outside the micro-batch, or None: local
 
 
 def _validate(
@@ -72,7 +73,7 @@ def _validate(
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor [B, L], got dtype {mask.dtype}")
     if agg not in AGGREGATIONS:
-        raise ValueError(f"agg must be one of {AGGREGATIONS}, got {agg!r}")
+        raise ValueError(f"agg must be one of {list(AGGREGATIONS)}, got {agg!r}")
     if not 0.0 <= eps_low < 1.0:
         raise ValueError(f"eps_low must be in [0, 1), got {eps_low}")
     if eps_high < 0.0:
@@ -170,7 +171,7 @@ def policy_loss(
         kl_ref_token = torch.exp(delta) - delta - 1.0
         token_loss = token_loss + kl_beta * kl_ref_token
 
-    loss = _aggregate(token_loss, maskf, agg, total_tokens, total_sequences, max_response_tokens)
+    loss = aggregate(token_loss, maskf, agg, total_tokens, total_sequences, max_response_tokens)
 
     with torch.no_grad():
         n_tok = maskf.sum()
@@ -193,29 +194,48 @@ def policy_loss(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def _aggregate(
+def token_mean(masked: torch.Tensor, maskf: torch.Tensor, total_tokens: Denominator, total_sequences: Denominator,
+               max_response_tokens: int | None) -> torch.Tensor:
+    """DAPO eq. 12 (sec. 3.3): 1 / sum_i |o_i| * sum_i sum_t l_{i,t}; ``total_tokens`` = the mini-batch's token count."""
+    denom = maskf.sum().clamp(min=1.0) if total_tokens is None else total_tokens
+    return masked.sum() / denom
+
+
+def seq_mean_token_mean(masked: torch.Tensor, maskf: torch.Tensor, total_tokens: Denominator,
+                        total_sequences: Denominator, max_response_tokens: int | None) -> torch.Tensor:
+    """GRPO: each response's token mean, then the mean over responses with a valid token."""
+    seq_tokens = maskf.sum(dim=-1)
+    seq_loss = masked.sum(dim=-1) / seq_tokens.clamp(min=1.0)
+    n_seq = (seq_tokens > 0).sum().clamp(min=1) if total_sequences is None else total_sequences
+    return seq_loss.sum() / n_seq
+
+
+def seq_mean_token_sum_norm(masked: torch.Tensor, maskf: torch.Tensor, total_tokens: Denominator,
+                            total_sequences: Denominator, max_response_tokens: int | None) -> torch.Tensor:
+    """Dr.GRPO: each response's token sum over a constant normaliser, mean over all B rows."""
+    norm = masked.shape[-1] if max_response_tokens is None else max_response_tokens
+    n_seq = masked.shape[0] if total_sequences is None else total_sequences
+    return masked.sum() / (norm * n_seq) if masked.shape[0] > 0 else masked.sum()
+
+
+# The aggregation registry: the name a config or an ablation rung selects -> its reduction.
+AGGREGATIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "token-mean": token_mean,
+    "seq-mean-token-mean": seq_mean_token_mean,
+    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
+}
+
+
+def aggregate(
     token_loss: torch.Tensor,
     maskf: torch.Tensor,
     agg: str,
-    total_tokens: int | float | torch.Tensor | None,
-    total_sequences: int | float | torch.Tensor | None,
-    max_response_tokens: int | None,
+    total_tokens: Denominator = None,
+    total_sequences: Denominator = None,
+    max_response_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Reduce ``[B, L]`` token losses to a scalar according to ``agg`` (see module docstring)."""
-    masked = token_loss * maskf
-    if agg == "token-mean":
-        # Eq. 12: 1 / sum_i |o_i| * sum_i sum_t l_{i,t}.
-        denom = maskf.sum().clamp(min=1.0) if total_tokens is None else total_tokens
-        return masked.sum() / denom
-    seq_tokens = maskf.sum(dim=-1)
-    if agg == "seq-mean-token-mean":
-        seq_loss = masked.sum(dim=-1) / seq_tokens.clamp(min=1.0)
-        n_seq = (seq_tokens > 0).sum().clamp(min=1) if total_sequences is None else total_sequences
-        return seq_loss.sum() / n_seq
-    # seq-mean-token-sum-norm (Dr.GRPO): a constant normaliser, independent of response lengths.
-    norm = token_loss.shape[-1] if max_response_tokens is None else max_response_tokens
-    n_seq = token_loss.shape[0] if total_sequences is None else total_sequences
-    return masked.sum() / (norm * n_seq) if token_loss.shape[0] > 0 else masked.sum()
+    """Reduce ``[B, L]`` token losses to a scalar with the aggregation named ``agg`` (module docstring)."""
+    return AGGREGATIONS[agg](token_loss * maskf, maskf, total_tokens, total_sequences, max_response_tokens)
 
 
 def policy_loss_reference(

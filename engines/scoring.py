@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 
 import schemas
-from dapo_core.advantages import group_advantages
+from dapo_core.advantages import estimate_advantages
 from dapo_core.overlong import soft_overlong_penalty
 from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
 from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
@@ -105,7 +105,7 @@ def score_table(
     reward = rule_reward + penalty
 
     group_keys = group_keys_of(rollouts)
-    advantages = group_advantages(reward, group_keys, normalize_by_std=config.normalize_advantage_by_std)
+    advantages = estimate_advantages(config.advantage_estimator, reward, group_keys)
 
     members: dict[str, list[int]] = {}
     for i, key in enumerate(group_keys):

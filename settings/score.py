@@ -22,6 +22,11 @@ class ScoreConfig:
     dynamic_sampling: bool = True  # keep only informative groups (sec. 3.2); False = every group is trained on
     informative_by: str = "accuracy"  # dynamic-sampling test: "accuracy" (0<correct<G, eq. 11) or "reward_std" (std>0)
 
+    @property
+    def advantage_estimator(self) -> str:
+        """The registered estimator (dapo_core/advantages.py: ADVANTAGE_ESTIMATORS) these settings select."""
+        return "grpo" if self.normalize_advantage_by_std else "dr-grpo"
+
     def __post_init__(self) -> None:
         check_fields(self, {
             "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),

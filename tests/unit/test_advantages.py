@@ -95,3 +95,18 @@ def test_bad_inputs_name_the_problem() -> None:
         group_advantages(torch.tensor([1, 0]), torch.tensor([0, 0]))
     with pytest.raises(ValueError, match="1-D"):
         group_advantages(torch.zeros(2, 2), torch.tensor([0, 0]))
+
+
+def test_the_registry_names_the_estimators_the_configs_select() -> None:
+    from dapo_core.advantages import ADVANTAGE_ESTIMATORS, estimate_advantages
+    from settings.score import ScoreConfig
+
+    rewards = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0, 1.0])
+    ids = [0, 0, 0, 1, 1, 1]
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr-grpo"}
+    torch.testing.assert_close(estimate_advantages(ScoreConfig().advantage_estimator, rewards, ids),
+                               group_advantages(rewards, ids))
+    dr = estimate_advantages(ScoreConfig(normalize_advantage_by_std=False).advantage_estimator, rewards, ids)
+    torch.testing.assert_close(dr, torch.tensor([4 / 3, -2 / 3, -2 / 3, 0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="must be one of"):
+        estimate_advantages("ppo", rewards, ids)

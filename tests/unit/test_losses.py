@@ -214,3 +214,17 @@ def test_tensor_total_tokens_matches_int() -> None:
     as_tensor, _ = policy_loss(b["new"][:3], b["old"][:3], b["adv"][:3], b["mask"][:3],
                                total_tokens=torch.tensor(float(n), dtype=torch.float64))
     torch.testing.assert_close(as_int, as_tensor)
+
+
+def test_the_aggregation_registry_is_what_policy_loss_uses() -> None:
+    from dapo_core.losses import AGGREGATIONS, aggregate
+
+    torch.manual_seed(0)
+    token_loss = torch.randn(3, 5)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float32)
+    assert list(AGGREGATIONS) == ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    torch.testing.assert_close(aggregate(token_loss, mask, "token-mean"), (token_loss * mask).sum() / 9)
+    per_seq = (token_loss * mask).sum(-1) / mask.sum(-1)
+    torch.testing.assert_close(aggregate(token_loss, mask, "seq-mean-token-mean"), per_seq.mean())
+    torch.testing.assert_close(aggregate(token_loss, mask, "seq-mean-token-sum-norm", max_response_tokens=8),
+                               (token_loss * mask).sum() / (8 * 3))
