@@ -29,7 +29,7 @@ from typing import Any
 
 from engines import train_batch as tb
 from engines import train_server
-from engines.train_worker import DS_META_FILE, DS_STATE_DIR
+from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
 from storage import checkpoints, digests, run_store
 
@@ -297,7 +297,7 @@ def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: Tr
 def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
                  config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
                  probe_path: str | Path | None = None) -> dict[str, Any]:
-    """The JSON spec every worker rank gets (engines/train_worker.py: WorkerSpec)."""
+    """The JSON spec every worker rank gets (engines/train_spec.py: WorkerSpec)."""
     ds_state = checkpoint_dir / DS_STATE_DIR
     return {
         "train": asdict(config),  # the stage's settings whole: the worker reads what it needs

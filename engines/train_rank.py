@@ -6,8 +6,8 @@ plugin's ``Elastic(nnodes, nproc_per_node)`` attached to the train environment
 ``nproc_per_node`` copies of the task body instead, one per rank, with RANK / WORLD_SIZE /
 MASTER_ADDR set; the body must then *be* the worker. ``train_step_as_rank`` is that body: every
 rank validates the batch, builds the same worker spec (engines/train_launch.py: _worker_spec), joins the
-process group and runs the step (engines/train_worker.py, the same code the torchrun launch runs);
-rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
+process group and runs the step with the code the torchrun launch runs (engines/train_worker.py:
+run_request, engines/train_step.py); rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
 rank 0's). The staging and work folders are named from the out folder and the elastic run id,
 so every rank on a node agrees on them without talking. On a shared filesystem they sit beside
 the out folder, which all nodes mount; on an object store (storage/run_store.py) each node has
@@ -34,7 +34,7 @@ from engines.train_launch import (
     _worker_spec,
     published_result,
 )
-from engines.train_worker import DS_META_FILE, DS_STATE_DIR
+from engines.train_spec import DS_META_FILE, DS_STATE_DIR, WorkerSpec
 from settings.train import TrainConfig
 from storage import checkpoints, digests, run_store
 
@@ -66,7 +66,9 @@ def train_step_as_rank(
     """
     import torch.distributed as dist
 
-    from engines import train_worker as tw
+    from engines.train_dist import init_process
+    from engines.train_step import StepRunner
+    from engines.train_worker import run_request
 
     t_start = time.perf_counter()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -85,13 +87,13 @@ def train_step_as_rank(
     batches_meta = _check_batches([(step, list(scored_shards))], config, parent.step)
     resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)
-    spec = tw.WorkerSpec.from_dict(
+    spec = WorkerSpec.from_dict(
         _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume))
 
     # One rank per folder prepares it: rank 0 on a shared filesystem, each node's first rank in
     # node-local mirrors.
     preparer = local_rank == 0 if remote else rank == 0
-    tw._init_process()
+    init_process()
     try:
         if preparer:
             for folder in (staging, work_dir):
@@ -104,8 +106,8 @@ def train_step_as_rank(
         dist.barrier()
         t_launch = time.perf_counter()
         try:
-            runner = tw._StepRunner(spec)
-            tw._run_request(runner, spec, time.perf_counter() - t_start)
+            runner = StepRunner(spec)
+            run_request(runner, spec, time.perf_counter() - t_start)
         except Exception as err:
             raise TrainStepError(f"step {step}: training failed on rank {rank}: {type(err).__name__}: {err} "
                                  "(nothing published)") from err

@@ -367,7 +367,7 @@ def plan_cluster(
     )
     # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
     # does not fit one GPU at any GPU count falls back to one sample per micro-batch (the loss is
-    # the same: micro-batches only split the memory, engines/train_worker.py).
+    # the same: micro-batches only split the memory, engines/train_step.py).
     micro = micro_batch_samples
     while True:
         mb_tokens = micro * tokens

@@ -1,4 +1,4 @@
-"""Off-policy correction in a real training step (engines/train_worker.py, dapo_core/correction.py).
+"""Off-policy correction in a real training step (engines/train_step.py, dapo_core/correction.py).
 
 The parent is a step-3 checkpoint, so step 4 trains from it: samples of policy_version 3 are
 on-policy, older ones are stale (carried surplus, or a pipelined rollout). Four cold launches of

@@ -11,7 +11,8 @@ import torch
 
 from dapo_core.losses import policy_loss, policy_loss_reference
 from engines import train_batch as tb
-from engines.train_worker import backward_scale, warmup_lr_factor
+from engines.train_engine import warmup_lr_factor
+from engines.train_step import backward_scale
 from infra.deepspeed import build_deepspeed_config
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))

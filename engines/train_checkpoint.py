@@ -1,0 +1,144 @@
+"""What a training launch reads from and writes into checkpoint folders.
+
+- **resume** (``load_ds_state``): restore the parent's DeepSpeed state (Adam moments, update
+  count, LR schedule) from its ``ds_state/``, refusing a layout (world size, ZeRO stage) that
+  ZeRO's per-rank partitions cannot be loaded into.
+- **save/export** (``save_and_export``): the DeepSpeed checkpoint (``ds_state/``, with optimizer
+  state, and ``DS_META_FILE`` recording its layout and update count) and the consolidated HF
+  checkpoint (safetensors + config + tokenizer files) into the staging folder;
+  ``engines/train_launch.py`` publishes it.
+- **serve mode** (``ds_state_matches``): whether the in-memory engine is exactly what resuming
+  from a parent's ``ds_state/`` would give, so a warm group may continue without reloading.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from engines.train_spec import DS_META_FILE, DS_STATE_DIR, TrainStepFailure, WorkerSpec
+from schemas.disk_space import writing
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+# Files of the parent checkpoint that are not copied into the next one (rewritten or not ours).
+_NOT_COPIED = {"config.json", "generation_config.json", "dapo_checkpoint.json", "train_metrics.parquet",
+               "train_timings.json"}
+
+
+def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, zero_stage: int) -> int:
+    """Restore ``state_dir`` (a parent's ds_state/) into ``engine``; returns the updates done so far."""
+    meta_path = state_dir / DS_META_FILE
+    if not meta_path.is_file():
+        raise TrainStepFailure(f"{state_dir}: DeepSpeed state without {DS_META_FILE}")
+    meta = json.loads(meta_path.read_text())
+    # ZeRO partitions optimizer state by rank: a different layout cannot be loaded as is.
+    for key, now in (("world_size", world_size), ("zero_stage", zero_stage)):
+        if meta[key] != now:
+            raise TrainStepFailure(
+                f"{state_dir}: optimizer state was saved with {key}={meta[key]} but this step runs with "
+                f"{key}={now}; keep them equal or set resume_optimizer=False to start a fresh optimizer"
+            )
+    path, _ = engine.load_checkpoint(
+        str(state_dir), tag=meta["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if path is None:
+        raise TrainStepFailure(f"{state_dir}: DeepSpeed could not load tag {meta['tag']!r}")
+    return int(meta["updates_done"])
+
+
+def full_fp32_state(engine: DeepSpeedEngine, *, rank: int) -> dict[str, torch.Tensor]:
+    """The full fp32 weights, consolidated on rank 0 (empty dict on other ranks).
+
+    Collective (ZeRO-3 gathers each parameter's partitions): every rank must call it. The
+    optimizer's fp32 master copy is read when there is one (bf16, ZeRO-3); plain fp32
+    ZeRO 1/2 keeps the full updated weights in the module itself.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    state: dict[str, torch.Tensor] = {}
+    for name, param in engine.module.named_parameters():
+        full = safe_get_full_fp32_param(param)
+        if full is None:
+            full = param.detach()
+        if rank == 0:
+            state[name] = full.detach().float().cpu().clone()
+    return state
+
+
+def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, world_size: int,
+                    updates_done: int, last_step: int) -> dict[str, float]:
+    """Write ds_state/ (all ranks) and the consolidated HF export (rank 0) into ``spec.out_dir``.
+
+    Collective: every rank calls it. Returns the timings of both parts.
+    """
+    out = Path(spec.out_dir)
+    state_dir = out / DS_STATE_DIR
+    tag = f"step{last_step:06d}"
+    t0 = time.perf_counter()
+    if spec.train.keep_optimizer_state:
+        with writing(state_dir, "the DeepSpeed optimizer state"):
+            engine.save_checkpoint(str(state_dir), tag=tag)
+    dist.barrier()
+    timings = {"ds_save_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    state = full_fp32_state(engine, rank=rank)
+    if rank == 0:
+        _export_hf(state, spec, out)
+        if spec.train.keep_optimizer_state:
+            meta = {"tag": tag, "world_size": world_size, "zero_stage": spec.train.zero_stage,
+                    "precision": spec.train.precision, "updates_done": updates_done, "step": last_step}
+            (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    dist.barrier()
+    timings["export_s"] = time.perf_counter() - t0
+    return timings
+
+
+def _export_hf(state: dict[str, torch.Tensor], spec: WorkerSpec, out: Path) -> None:
+    """Rank 0: the parent's model with the consolidated weights ``state``, saved as an HF checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied output embeddings appear once among named_parameters (as the input embedding).
+    really_missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if really_missing or unexpected:
+        raise TrainStepFailure(f"export: weights missing {really_missing[:5]}, unexpected {unexpected[:5]}")
+    if spec.train.precision == "bf16":
+        model = model.to(torch.bfloat16)
+    with writing(out, "the checkpoint's weights"):
+        model.save_pretrained(out, safe_serialization=True)
+        _copy_tokenizer_files(Path(spec.parent_checkpoint), out)
+
+
+def _copy_tokenizer_files(parent: Path, out: Path) -> None:
+    for path in parent.iterdir():
+        is_weights = path.name.endswith((".safetensors", ".bin", ".pt")) or ".index.json" in path.name
+        if path.is_file() and path.name not in _NOT_COPIED and not is_weights:
+            shutil.copy2(path, out / path.name)
+
+
+def ds_state_matches(resume_ds_state: str | None, last_saved: tuple[int, int] | None, *,
+                     world_size: int, zero_stage: int) -> bool:
+    """True when an engine that last saved ``last_saved`` = (step, updates done) is exactly what
+    loading ``resume_ds_state`` would give (same step, update count and layout).
+
+    The owner already checked that the parent is the checkpoint this group last published;
+    this re-checks the parent's own record (step and update count) against memory, so a
+    bookkeeping slip in the owner falls back to a reload instead of training on wrong state.
+    """
+    if resume_ds_state is None or last_saved is None:
+        return False  # a cold launch would start a fresh optimizer from the HF weights
+    meta_path = Path(resume_ds_state) / DS_META_FILE
+    if not meta_path.is_file():
+        return False
+    meta = json.loads(meta_path.read_text())
+    return (int(meta["step"]), int(meta["updates_done"])) == last_saved and \
+        meta["world_size"] == world_size and meta["zero_stage"] == zero_stage

@@ -1,0 +1,120 @@
+"""The DeepSpeed engine of a training launch: building it from the parent checkpoint, and its forward passes.
+
+``build_engine`` loads the parent HF checkpoint in fp32 and wraps it in a DeepSpeed engine (ZeRO
+1/2/3, fp32 or bf16, torch AdamW, the paper's linear warm-up, gradient clipping; the config is
+infra/deepspeed.py's). ``forward_log_probs`` gives the current policy's log-prob of every token
+(the old log-probs before the first update, the new ones in each update) with the entropy the
+step reports, either from the full logits or chunk by chunk from the hidden states
+(dapo_core/logprobs.py). ``probe_logits`` is for the export tests. The step itself
+(engines/train_step.py) decides when each runs; restoring and saving the optimizer state is
+engines/train_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from dapo_core.logprobs import chunked_token_log_probs
+from dapo_core.metrics import token_mean_entropy
+from engines import train_batch as tb
+from engines.train_spec import WorkerSpec
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+
+def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
+    """Linear warm-up: update u (0-based) runs at lr * min(1, (u + 1) / warmup_updates).
+
+    The paper warms the learning rate up linearly over its first 20 rollout steps (sec. 4.1).
+    The first update already moves (lr / warmup_updates), unlike DeepSpeed's WarmupLR.
+    """
+    if warmup_updates <= 0:
+        return 1.0
+    return min(1.0, (update_index + 1) / warmup_updates)
+
+
+def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine, int]:
+    """(DeepSpeed engine over the parent checkpoint, its pad token id); seeded with ``train.seed``.
+
+    Collective (``deepspeed.initialize``): every rank of the group calls it.
+    """
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from infra.deepspeed import build_deepspeed_config
+
+    torch.manual_seed(spec.train.seed)
+    model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
+    pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+    if spec.train.activation_checkpointing:
+        # Keep only each layer's input in forward; recompute the rest in backward.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    ds_config = build_deepspeed_config(
+        zero_stage=spec.train.zero_stage,
+        precision=spec.train.precision,
+        micro_batch_samples=spec.train.micro_batch_samples,
+        gradient_accumulation_steps=1,  # set per step from the batch (set_train_batch_size)
+        world_size=world_size,
+        lr=spec.train.lr,
+        betas=(spec.train.beta1, spec.train.beta2),
+        weight_decay=spec.train.weight_decay,
+        adam_eps=spec.train.adam_eps,
+        grad_clip_norm=spec.train.grad_clip_norm,
+    )
+    warmup = spec.warmup_updates
+
+    def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: warmup_lr_factor(u, warmup))
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config, lr_scheduler=make_scheduler
+    )
+    return engine, pad_token_id
+
+
+def forward_log_probs(engine: DeepSpeedEngine, mb: tb.TrainBatch, *, device: torch.device, chunk_tokens: int,
+                      head_calls: int | None, entropy_mask: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, float | None]:
+    """(token log-probs [b, l], entropy summed over ``entropy_mask`` or None) of the current policy.
+
+    ``entropy_mask`` [b, l] selects the positions whose predicting distribution's entropy is
+    summed (position p: the distribution over token p). With ``chunk_tokens``
+    (``logprob_chunk_tokens``) the logits come from the hidden states chunk by chunk
+    (dapo_core/logprobs.py), in ``head_calls`` output-head calls; the model's own head then
+    computes one position only (``logits_to_keep=1``).
+    """
+    ids = mb.input_ids.to(device)
+    attention = mb.attention_mask.to(device).long()
+    if not chunk_tokens:
+        logits = engine(input_ids=ids, attention_mask=attention).logits
+        entropy_sum = None
+        if entropy_mask is not None:
+            # logits at p - 1 gave token p, and position 0 is always a prompt token.
+            shifted = entropy_mask[:, 1:].to(device)
+            entropy_sum = float(token_mean_entropy(logits[:, :-1], shifted)) * float(shifted.sum())
+        return tb.token_log_probs(logits, ids), entropy_sum
+    captured: dict[str, torch.Tensor] = {}
+    base = engine.module.model
+    handle = base.register_forward_hook(lambda _m, _i, out: captured.__setitem__("hidden", out.last_hidden_state))
+    try:
+        engine(input_ids=ids, attention_mask=attention, logits_to_keep=1)
+    finally:
+        handle.remove()
+    lp, entropy = chunked_token_log_probs(engine.module.lm_head, captured["hidden"], ids, chunk_tokens=chunk_tokens,
+                                          with_entropy=entropy_mask is not None, num_chunks=head_calls)
+    entropy_sum = None
+    if entropy is not None and entropy_mask is not None:
+        entropy_sum = float((entropy * entropy_mask.to(device)).sum())
+    return lp, entropy_sum
+
+
+def probe_logits(engine: DeepSpeedEngine, input_ids: list[list[int]], *, device: torch.device) -> torch.Tensor:
+    """Logits of the engine's policy on ``input_ids`` (equal-length rows), for export tests."""
+    engine.eval()
+    with torch.no_grad():
+        ids = torch.tensor(input_ids, dtype=torch.long, device=device)
+        return engine(input_ids=ids).logits.float().cpu()
