@@ -39,7 +39,8 @@ from train_fixtures import scored_row, write_scored  # noqa: E402
 
 from engines import train_server
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_launch import TrainStepResult, train_step
+from engines.train_launch import train_step
+from engines.train_publish import TrainStepResult
 from settings.train import TrainConfig  # noqa: E402
 
 

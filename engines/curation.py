@@ -84,80 +84,118 @@ def resolve_rewrites(names: Sequence[str]) -> list[AnswerRewrite]:
     return hooks
 
 
+# One converted copy of a problem: (record, problem text, integer answer, test_fraction, answer rule).
+_Copy = tuple[RawRecord, str, int, float, str]
+
+
+def _check_source_names(sources: Sequence[SourceRecords]) -> None:
+    """Refuse two inputs with one source name (rows are identified by source and row)."""
+    names = [s.source for s in sources]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise CurationError(f"two inputs have the same source name {clashes}; rename one (the name is the file name)")
+
+
+def _convert_record(
+    record: RawRecord, config: CurateConfig, rewrites: Sequence[AnswerRewrite]
+) -> tuple[str, int, str] | dict[str, Any]:
+    """(problem text, integer answer, answer rule) of one record, or its RejectedProblem row."""
+    if record.error_code is not None:
+        return _rejected(record, record.error_code, record.error or record.error_code)
+    if record.problem is None or not record.problem.strip():
+        return _rejected(record, "missing_problem", "the problem text is missing or blank")
+    if len(record.problem) > config.max_problem_chars:
+        return _rejected(record, "problem_too_long", f"the problem has {len(record.problem):,} characters, "
+                         f"more than curate.max_problem_chars={config.max_problem_chars:,}",
+                         record.problem[:200])
+    verdict = convert_problem_answer(record.problem, record.answer, rewrites)
+    text, value = verdict.problem, verdict.value
+    rule = "integer" if verdict.rewritten_by is None else f"hook_{verdict.rewritten_by}"
+    if value is None and config.rewrite_answers and verdict.reason_code in REWRITABLE_REASONS:
+        rewritten = rewrite_answer(record.problem, record.answer or "")
+        if rewritten is not None:
+            text, value, rule = rewritten.problem, rewritten.value, rewritten.rule
+    if value is None:  # the conversion's reason stands (the rewriter returns no reason)
+        return _rejected(record, verdict.reason_code or "expression", verdict.reason)
+    return text, value, rule
+
+
+def _convert_sources(
+    sources: Sequence[SourceRecords], config: CurateConfig, rewrites: Sequence[AnswerRewrite]
+) -> tuple[dict[str, list[_Copy]], list[dict[str, Any]]]:
+    """(problem_id -> its converted copies in input order, RejectedProblem rows of the others)."""
+    rejected: list[dict[str, Any]] = []
+    groups: dict[str, list[_Copy]] = {}
+    for source in sources:
+        fraction = config.test_fraction if source.test_fraction is None else source.test_fraction
+        for record in source.records:
+            converted = _convert_record(record, config, rewrites)
+            if isinstance(converted, dict):
+                rejected.append(converted)
+                continue
+            text, value, rule = converted
+            groups.setdefault(problem_id(text), []).append((record, text, value, fraction, rule))
+    return groups, rejected
+
+
+def _problem_row(pid: str, record: RawRecord, text: str, value: int, rule: str, split: str,
+                 config: CurateConfig) -> dict[str, Any]:
+    """The Problem row of a kept copy."""
+    return {
+        "problem_id": pid,
+        "source": record.source,
+        "source_row": record.source_row,
+        "problem": text,
+        "answer": value,
+        "original_answer": record.answer if record.answer is not None else str(value),
+        "answer_rule": rule,
+        "prompt": render_prompt(config.prompt_template, text),
+        "split": split,
+    }
+
+
+def _resolve_copies(
+    pid: str, members: list[_Copy], config: CurateConfig
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(Problem rows, RejectedProblem rows) of the copies of one problem: conflicting answers
+    reject them all; otherwise one copy is kept (all of them without dedup)."""
+    answers = sorted({value for _, _, value, _, _ in members})
+    if len(answers) > 1:
+        seen = "; ".join(f"{r.source} row {r.source_row}: {v}" for r, _, v, _, _ in members[:6])
+        return [], [
+            _rejected(record, "conflicting_answers", f"problem {pid} has answers {answers} ({seen})", text)
+            for record, text, _, _, _ in members
+        ]
+    # Resolve each copy's split; if any copy is a test problem the kept copy is a test one, so
+    # an evaluation set given alongside training data never leaks into the train split.
+    splits = [record.split or split_for(pid, fraction, config.split_seed) for record, _, _, fraction, _ in members]
+    keep_index = splits.index("test") if "test" in splits else 0
+    first = members[keep_index][0]
+    problems: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    for index, (record, text, value, _, rule) in enumerate(members):
+        if index != keep_index and config.dedup:
+            rejected.append(
+                _rejected(record, "duplicate", f"same problem {pid} as {first.source} row {first.source_row}", text)
+            )
+            continue
+        problems.append(_problem_row(pid, record, text, value, rule, splits[index], config))
+    return problems, rejected
+
+
 def curate_records(
     sources: Sequence[SourceRecords], config: CurateConfig, rewrites: Sequence[AnswerRewrite] = ()
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Convert, deduplicate, split and render: (Problem rows, RejectedProblem rows), both sorted
     by (source, source_row). Among copies of a problem the first test-split copy wins, else the
     first copy (earlier inputs, then earlier rows)."""
-    names = [s.source for s in sources]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise CurationError(f"two inputs have the same source name {clashes}; rename one (the name is the file name)")
-
-    rejected: list[dict[str, Any]] = []
-    # problem_id -> [(record, problem text, integer answer, test_fraction, answer rule)] in input order
-    groups: dict[str, list[tuple[RawRecord, str, int, float, str]]] = {}
-    for source in sources:
-        fraction = config.test_fraction if source.test_fraction is None else source.test_fraction
-        for record in source.records:
-            if record.error_code is not None:
-                rejected.append(_rejected(record, record.error_code, record.error or record.error_code))
-                continue
-            if record.problem is None or not record.problem.strip():
-                rejected.append(_rejected(record, "missing_problem", "the problem text is missing or blank"))
-                continue
-            if len(record.problem) > config.max_problem_chars:
-                rejected.append(_rejected(record, "problem_too_long", f"the problem has {len(record.problem):,} characters, "
-                                          f"more than curate.max_problem_chars={config.max_problem_chars:,}",
-                                          record.problem[:200]))
-                continue
-            verdict = convert_problem_answer(record.problem, record.answer, rewrites)
-            text, value = verdict.problem, verdict.value
-            rule = "integer" if verdict.rewritten_by is None else f"hook_{verdict.rewritten_by}"
-            if value is None and config.rewrite_answers and verdict.reason_code in REWRITABLE_REASONS:
-                rewritten = rewrite_answer(record.problem, record.answer or "")
-                if rewritten is not None:
-                    text, value, rule = rewritten.problem, rewritten.value, rewritten.rule
-            if value is None:  # the conversion's reason stands (the rewriter returns no reason)
-                rejected.append(_rejected(record, verdict.reason_code or "expression", verdict.reason))
-                continue
-            groups.setdefault(problem_id(text), []).append((record, text, value, fraction, rule))
-
+    _check_source_names(sources)
+    groups, rejected = _convert_sources(sources, config, rewrites)
     problems: list[dict[str, Any]] = []
     for pid, members in groups.items():
-        answers = sorted({value for _, _, value, _, _ in members})
-        if len(answers) > 1:
-            seen = "; ".join(f"{r.source} row {r.source_row}: {v}" for r, _, v, _, _ in members[:6])
-            for record, text, _, _, _ in members:
-                rejected.append(
-                    _rejected(record, "conflicting_answers", f"problem {pid} has answers {answers} ({seen})", text)
-                )
-            continue
-        # Resolve each copy's split; if any copy is a test problem the kept copy is a test one, so
-        # an evaluation set given alongside training data never leaks into the train split.
-        splits = [record.split or split_for(pid, fraction, config.split_seed) for record, _, _, fraction, _ in members]
-        keep_index = splits.index("test") if "test" in splits else 0
-        first = members[keep_index][0]
-        for index, (record, text, value, _, rule) in enumerate(members):
-            if index != keep_index and config.dedup:
-                rejected.append(
-                    _rejected(record, "duplicate", f"same problem {pid} as {first.source} row {first.source_row}", text)
-                )
-                continue
-            problems.append(
-                {
-                    "problem_id": pid,
-                    "source": record.source,
-                    "source_row": record.source_row,
-                    "problem": text,
-                    "answer": value,
-                    "original_answer": record.answer if record.answer is not None else str(value),
-                    "answer_rule": rule,
-                    "prompt": render_prompt(config.prompt_template, text),
-                    "split": splits[index],
-                }
-            )
+        kept, dropped = _resolve_copies(pid, members, config)
+        problems.extend(kept)
+        rejected.extend(dropped)
     problems.sort(key=lambda r: (r["source"], r["source_row"]))
     rejected.sort(key=lambda r: (r["source"], r["source_row"]))
     return problems, rejected

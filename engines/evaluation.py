@@ -17,8 +17,8 @@ from typing import Any
 import schemas
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE
 from dapo_core.eval_metrics import pass_at_k, problem_outcome
-from dapo_core.rewards import score_responses
-from engines.eval_sets import EvalProblem, load_eval_set
+from dapo_core.rewards import Verdict, score_responses
+from engines.eval_sets import EvalProblem, EvalSet, load_eval_set
 from engines.rollout import generate_rollouts
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
@@ -44,28 +44,20 @@ class EvalSummary:
     seconds: float
 
 
-def evaluate_checkpoint(
-    checkpoint_dir: str,
-    problem_paths: list[str],
-    out_path: str,
-    step: int,
-    config: EvalConfig,
-    engine_config: RolloutConfig = RolloutConfig(),
-) -> dict[str, Any]:
-    """Sample, judge, write EvalResult rows to ``out_path``; returns the summary over problems.
-
-    ``engine_config`` supplies the engine fields (dtype, threads, KV cache...): pass the run's
-    rollout config so evaluation reuses the rollout engine instead of starting a second one in
-    the same process (vLLM's in-process engines disturb each other).
-    """
-    started = time.perf_counter()
-    eval_set = load_eval_set(problem_paths, prompt_template=config.prompt_template or DAPO_PROMPT_TEMPLATE)
-    problems = eval_set.problems[: config.max_problems] if config.max_problems else eval_set.problems
-    gold = {p.problem_id: p.answer for p in problems}
+def _problems_by_k(problems: list[EvalProblem], samples_per_problem: int) -> dict[int, list[EvalProblem]]:
+    """Problems grouped by k, in first-seen order of k."""
     # k per problem: the configured k, or (0) as many samples as the input had copies (AIME x32).
     by_k: dict[int, list[EvalProblem]] = {}
     for p in problems:
-        by_k.setdefault(config.samples_per_problem or p.copies, []).append(p)
+        by_k.setdefault(samples_per_problem or p.copies, []).append(p)
+    return by_k
+
+
+def _sample(
+    checkpoint_dir: str, by_k: dict[int, list[EvalProblem]], step: int, config: EvalConfig,
+    engine_config: RolloutConfig,
+) -> list[dict[str, Any]]:
+    """Rollout rows of k samples per problem, one ``generate_rollouts`` call per k."""
     rows: list[dict[str, Any]] = []
     for k, members in by_k.items():
         rollout_config = dataclasses.replace(
@@ -80,15 +72,19 @@ def evaluate_checkpoint(
             seed=config.seed, policy_version=step, generation_round=0,
         )
         rows.extend(part)
-    verdicts = score_responses(
-        [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
-    )
-    checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
+    return rows
+
+
+def _result_rows(
+    problem_ids: list[str], rows: list[dict[str, Any]], verdicts: list[Verdict], *, checkpoint_id: str, step: int,
+    config: EvalConfig,
+) -> list[dict[str, Any]]:
+    """One EvalResult row per problem (in ``problem_ids`` order) from the verdicts of its samples."""
     by_problem: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         by_problem.setdefault(r["problem_id"], []).append(i)
     out_rows = []
-    for pid in [p.problem_id for p in problems]:
+    for pid in problem_ids:
         outcome = problem_outcome([verdicts[i] for i in by_problem[pid]])
         out_rows.append(
             {
@@ -102,7 +98,13 @@ def evaluate_checkpoint(
                 "seed": config.seed,
             }
         )
-    schemas.write_shard(out_rows, out_path, schemas.EvalResult)
+    return out_rows
+
+
+def _summary(
+    out_rows: list[dict[str, Any]], eval_set: EvalSet, *, checkpoint_id: str, config: EvalConfig, started: float
+) -> EvalSummary:
+    """The per-problem rows averaged over problems (``started``: perf_counter at the start)."""
     n = len(out_rows)
     ks = sorted({r["k"] for r in out_rows})
     return EvalSummary(
@@ -120,3 +122,32 @@ def evaluate_checkpoint(
         verdict_errors=sum(r["verdict_errors"] for r in out_rows),
         seconds=round(time.perf_counter() - started, 3),
     )
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: str,
+    problem_paths: list[str],
+    out_path: str,
+    step: int,
+    config: EvalConfig,
+    engine_config: RolloutConfig = RolloutConfig(),
+) -> EvalSummary:
+    """Sample, judge, write EvalResult rows to ``out_path``; returns the summary over problems.
+
+    ``engine_config`` supplies the engine fields (dtype, threads, KV cache...): pass the run's
+    rollout config so evaluation reuses the rollout engine instead of starting a second one in
+    the same process (vLLM's in-process engines disturb each other).
+    """
+    started = time.perf_counter()
+    eval_set = load_eval_set(problem_paths, prompt_template=config.prompt_template or DAPO_PROMPT_TEMPLATE)
+    problems = eval_set.problems[: config.max_problems] if config.max_problems else eval_set.problems
+    gold = {p.problem_id: p.answer for p in problems}
+    rows = _sample(checkpoint_dir, _problems_by_k(problems, config.samples_per_problem), step, config, engine_config)
+    verdicts = score_responses(
+        [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
+    )
+    checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
+    out_rows = _result_rows([p.problem_id for p in problems], rows, verdicts, checkpoint_id=checkpoint_id, step=step,
+                            config=config)
+    schemas.write_shard(out_rows, out_path, schemas.EvalResult)
+    return _summary(out_rows, eval_set, checkpoint_id=checkpoint_id, config=config, started=started)

@@ -4,7 +4,7 @@ Two sources:
 - ``tiny`` (the default): build the character tokenizer and a small random Qwen2 model, then a
   short supervised warm-up on the worked solutions of the train split's synthetic problems,
   stopped when greedy accuracy on held-out (test split) problems enters a band (default
-  20-50 %), so that RL has room to improve (engines/tiny_policy.py).
+  20-50 %), so that RL has room to improve (engines/tiny_policy.py, engines/tiny_warmup.py).
 - a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): copied,
   or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added.
 
@@ -19,11 +19,16 @@ import random
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engines.threads import cpu_threads
 from settings.bootstrap import BootstrapConfig
 from storage import checkpoints
+
+if TYPE_CHECKING:  # heavy stacks (torch, transformers) are imported only when a policy is built
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    from engines.tiny_warmup import WarmupResult
 
 
 class BootstrapError(RuntimeError):
@@ -111,7 +116,7 @@ def _shard_examples(
 
 
 def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    from engines.tiny_policy import draw_problems, synthetic_examples
+    from engines.tiny_warmup import draw_problems, synthetic_examples
 
     difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
     train_problems = draw_problems(random.Random(config.seed), config.synthetic_train_problems, split="train", **difficulty)
@@ -119,6 +124,70 @@ def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]],
     train, _ = synthetic_examples(train_problems)
     _, heldout = synthetic_examples(test_problems)
     return train, heldout
+
+
+def _tiny_lineage(config: BootstrapConfig, train_paths: list[str] | None, test_paths: list[str] | None) -> dict[str, Any]:
+    """What the tiny policy is built from: the config and the input shards' names."""
+    return {
+        "kind": "tiny-warmup",
+        "config": asdict(config),
+        "train_shards": sorted(Path(p).name for p in train_paths or []),
+        "test_shards": sorted(Path(p).name for p in test_paths or []),
+    }
+
+
+def _published_from(out_dir: Path, lineage: dict[str, Any]) -> bool:
+    """True when ``out_dir`` holds a checkpoint already published from this lineage."""
+    if not checkpoints.is_complete(out_dir):
+        return False
+    info = checkpoints.read_info(out_dir)
+    return {k: info.inputs.get(k) for k in lineage} == lineage
+
+
+def _warm_up_examples(
+    config: BootstrapConfig, train_paths: list[str] | None, test_paths: list[str] | None
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    """(prompt, worked solution) training pairs and (prompt, answer) held-out pairs: from the
+    Problem shards when given, else drawn synthetic problems."""
+    if train_paths:
+        return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
+    return _synthetic_examples(config)
+
+
+def _warmed_up_model(
+    config: BootstrapConfig, train: list[tuple[str, str]], heldout: list[tuple[str, int]]
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast, WarmupResult]:
+    """Build the tokenizer and the random model, and warm the model up on ``train``."""
+    from engines import tiny_policy, tiny_warmup
+
+    tokenizer = tiny_policy.build_tokenizer()
+    model = tiny_policy.build_random_model(
+        tokenizer, seed=config.seed, num_layers=config.num_layers, hidden_size=config.hidden_size,
+        num_heads=config.num_heads,
+    )
+    max_new_tokens = max(len(tokenizer(response).input_ids) for _, response in train) + 8
+    result = tiny_warmup.warm_up(
+        model, tokenizer, train, heldout,
+        seed=config.seed,
+        batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        max_steps=config.max_steps,
+        eval_every_steps=config.eval_every_steps,
+        max_new_tokens=max_new_tokens,
+        target_accuracy_low=config.target_accuracy_low,
+        target_accuracy_high=config.target_accuracy_high,
+    )
+    return model, tokenizer, result
+
+
+def _check_in_band(result: WarmupResult, config: BootstrapConfig) -> None:
+    """With ``require_band``, a warm-up that ended outside the accuracy band is an error."""
+    if result.stop_reason != "in_band" and config.require_band:
+        raise BootstrapError(
+            f"warm-up ended after {result.steps} steps at held-out accuracy {result.heldout_accuracy:.1%}, "
+            f"outside [{config.target_accuracy_low:.0%}, {config.target_accuracy_high:.0%}]; history "
+            f"{list(result.history)}; raise max_steps, change learning_rate/difficulty, or set require_band=false"
+        )
 
 
 def build_tiny_policy(
@@ -137,46 +206,15 @@ def build_tiny_policy(
 
     from engines import tiny_policy
 
-    lineage = {
-        "kind": "tiny-warmup",
-        "config": asdict(config),
-        "train_shards": sorted(Path(p).name for p in train_paths or []),
-        "test_shards": sorted(Path(p).name for p in test_paths or []),
-    }
+    lineage = _tiny_lineage(config, train_paths, test_paths)
     out_dir = Path(out_dir)
-    if checkpoints.is_complete(out_dir):
-        info = checkpoints.read_info(out_dir)
-        if {k: info.inputs.get(k) for k in lineage} == lineage:
-            return out_dir
+    if _published_from(out_dir, lineage):
+        return out_dir
     torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
     torch.set_num_threads(cpu_threads(config.cpu_threads))
-    if train_paths:
-        train, heldout = _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
-    else:
-        train, heldout = _synthetic_examples(config)
-    tokenizer = tiny_policy.build_tokenizer()
-    model = tiny_policy.build_random_model(
-        tokenizer, seed=config.seed, num_layers=config.num_layers, hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-    )
-    max_new_tokens = max(len(tokenizer(response).input_ids) for _, response in train) + 8
-    result = tiny_policy.warm_up(
-        model, tokenizer, train, heldout,
-        seed=config.seed,
-        batch_size=config.batch_size,
-        learning_rate=config.learning_rate,
-        max_steps=config.max_steps,
-        eval_every_steps=config.eval_every_steps,
-        max_new_tokens=max_new_tokens,
-        target_accuracy_low=config.target_accuracy_low,
-        target_accuracy_high=config.target_accuracy_high,
-    )
-    if result.stop_reason != "in_band" and config.require_band:
-        raise BootstrapError(
-            f"warm-up ended after {result.steps} steps at held-out accuracy {result.heldout_accuracy:.1%}, "
-            f"outside [{config.target_accuracy_low:.0%}, {config.target_accuracy_high:.0%}]; history "
-            f"{list(result.history)}; raise max_steps, change learning_rate/difficulty, or set require_band=false"
-        )
+    train, heldout = _warm_up_examples(config, train_paths, test_paths)
+    model, tokenizer, result = _warmed_up_model(config, train, heldout)
+    _check_in_band(result, config)
     lineage["warmup"] = dataclasses.asdict(result)
     lineage["train_examples"] = len(train)
     lineage["heldout_problems"] = len(heldout)

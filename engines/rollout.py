@@ -229,6 +229,91 @@ def split_parts(requests: list[dict[str, Any]], parts: int) -> list[list[dict[st
     return [[r for g in groups[bounds[i] : bounds[i + 1]] for r in g] for i in range(parts)]
 
 
+def _check_prompts_fit(
+    problems: list[dict[str, str]], token_ids: list[list[int]], *, max_response_tokens: int, max_model_len: int
+) -> None:
+    """Refuse a problem whose prompt plus the response cap does not fit the context."""
+    for problem, ids in zip(problems, token_ids):
+        if len(ids) + max_response_tokens > max_model_len:
+            raise RolloutError(
+                f"problem {problem['problem_id']}: prompt of {len(ids)} tokens + max_response_tokens "
+                f"{max_response_tokens} exceeds the context limit max_model_len={max_model_len}"
+            )
+
+
+def _engine_count(engines: int | None, config: RolloutConfig, gpus: int) -> int:
+    """Engines wanted: the override, else the config, else one per ``tensor_parallel_size`` GPUs."""
+    wanted = engines if engines is not None else config.engines
+    return wanted or max(1, gpus // max(1, config.tensor_parallel_size))
+
+
+def _generate_parts(
+    source: str, checkpoint_dir: Path, settings: vllm_engine.EngineSettings, sampling: dict[str, Any],
+    parts: list[list[dict[str, Any]]], *, on_ray: bool,
+) -> list[dict[str, Any]]:
+    """Every part's results, in part order: on Ray actors (each fetches ``source``) or one after
+    another on this process's engine."""
+    if on_ray:
+        return [r for part in _ray_generate(source, settings, sampling, parts) for r in part]
+    return [r for i, part in enumerate(parts)
+            for r in generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")]
+
+
+def _rollout_rows(
+    results: list[dict[str, Any]], *, checkpoint_id: str, seed: int, policy_version: int, generation_round: int
+) -> list[dict[str, Any]]:
+    """Rollout rows of the engine results, sorted by (problem_id, sample_index)."""
+    rows = []
+    for r in sorted(results, key=lambda r: (r["problem_id"], r["sample_index"])):
+        if r["finish_reason"] not in ("stop", "length"):
+            raise RolloutError(f"problem {r['problem_id']} sample {r['sample_index']}: finish reason {r['finish_reason']!r}")
+        rows.append(
+            {
+                "rollout_id": make_rollout_id(r["problem_id"], generation_round, r["sample_index"], checkpoint_id, seed),
+                "problem_id": r["problem_id"],
+                "sample_index": r["sample_index"],
+                "prompt_token_ids": r["prompt_token_ids"],
+                "response_token_ids": r["response_token_ids"],
+                "response_text": r["response_text"],
+                "rollout_log_probs": r["rollout_log_probs"],
+                "response_length": len(r["response_token_ids"]),
+                "finish_reason": r["finish_reason"],
+                "truncated": r["finish_reason"] == "length",
+                "checkpoint_id": checkpoint_id,
+                "policy_version": policy_version,
+                "seed": r["seed"],
+                "generation_round": generation_round,
+            }
+        )
+    return rows
+
+
+def _manifest(
+    rows: list[dict[str, Any]], config: RolloutConfig, *, source: str, checkpoint_id: str, policy_version: int,
+    generation_round: int, seed: int, max_model_len: int, engines: int, on_ray: bool, prompts: int, seconds: float,
+) -> dict[str, Any]:
+    """What the shard's manifest records: inputs, log-prob mode, settings, engines and timings."""
+    tokens = sum(r["response_length"] for r in rows)
+    return {
+        "checkpoint_dir": source,
+        "checkpoint_id": checkpoint_id,
+        "policy_version": policy_version,
+        "generation_round": generation_round,
+        "rollout_seed": seed,
+        "seed_column": "per-request seed = derive_request_seed(rollout_seed, problem_id, round, sample_index)",
+        "logprobs_mode": vllm_engine.LOGPROBS_MODE,
+        "config": asdict(config),
+        "max_model_len": max_model_len,
+        "engines": engines,
+        "engine_backend": "ray" if on_ray else "in-process",
+        "prompts": prompts,
+        "samples": len(rows),
+        "response_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
+    }
+
+
 def generate_rollouts(
     checkpoint_dir: str | Path,
     problems: list[dict[str, str]],
@@ -253,71 +338,23 @@ def generate_rollouts(
         raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
     max_model_len = config.max_model_len or model_max_positions(checkpoint_dir)
     token_ids = tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])
-    for problem, ids in zip(problems, token_ids):
-        if len(ids) + config.max_response_tokens > max_model_len:
-            raise RolloutError(
-                f"problem {problem['problem_id']}: prompt of {len(ids)} tokens + max_response_tokens "
-                f"{config.max_response_tokens} exceeds the context limit max_model_len={max_model_len}"
-            )
+    _check_prompts_fit(problems, token_ids, max_response_tokens=config.max_response_tokens, max_model_len=max_model_len)
     requests = _request_list(
         [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round
     )
     gpus = vllm_engine.gpu_count()
-    wanted = engines if engines is not None else config.engines
-    wanted = wanted or max(1, gpus // max(1, config.tensor_parallel_size))
-    parts = split_parts(requests, wanted)
+    parts = split_parts(requests, _engine_count(engines, config, gpus))
+    on_ray = len(parts) > 1 and gpus > 1
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
-    if len(parts) > 1 and gpus > 1:
-        results = [r for part in _ray_generate(source, settings, sampling, parts) for r in part]
-    else:
-        results = [
-            r
-            for i, part in enumerate(parts)
-            for r in generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
-        ]
-    rows = []
-    for r in sorted(results, key=lambda r: (r["problem_id"], r["sample_index"])):
-        if r["finish_reason"] not in ("stop", "length"):
-            raise RolloutError(f"problem {r['problem_id']} sample {r['sample_index']}: finish reason {r['finish_reason']!r}")
-        rows.append(
-            {
-                "rollout_id": make_rollout_id(r["problem_id"], generation_round, r["sample_index"], info.checkpoint_id, seed),
-                "problem_id": r["problem_id"],
-                "sample_index": r["sample_index"],
-                "prompt_token_ids": r["prompt_token_ids"],
-                "response_token_ids": r["response_token_ids"],
-                "response_text": r["response_text"],
-                "rollout_log_probs": r["rollout_log_probs"],
-                "response_length": len(r["response_token_ids"]),
-                "finish_reason": r["finish_reason"],
-                "truncated": r["finish_reason"] == "length",
-                "checkpoint_id": info.checkpoint_id,
-                "policy_version": policy_version,
-                "seed": r["seed"],
-                "generation_round": generation_round,
-            }
-        )
-    seconds = time.perf_counter() - started
-    tokens = sum(r["response_length"] for r in rows)
-    manifest = {
-        "checkpoint_dir": source,
-        "checkpoint_id": info.checkpoint_id,
-        "policy_version": policy_version,
-        "generation_round": generation_round,
-        "rollout_seed": seed,
-        "seed_column": "per-request seed = derive_request_seed(rollout_seed, problem_id, round, sample_index)",
-        "logprobs_mode": vllm_engine.LOGPROBS_MODE,
-        "config": asdict(config),
-        "max_model_len": max_model_len,
-        "engines": len(parts),
-        "engine_backend": "ray" if len(parts) > 1 and gpus > 1 else "in-process",
-        "prompts": len(problems),
-        "samples": len(rows),
-        "response_tokens": tokens,
-        "seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
-    }
+    results = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray)
+    rows = _rollout_rows(results, checkpoint_id=info.checkpoint_id, seed=seed, policy_version=policy_version,
+                         generation_round=generation_round)
+    manifest = _manifest(
+        rows, config, source=source, checkpoint_id=info.checkpoint_id, policy_version=policy_version,
+        generation_round=generation_round, seed=seed, max_model_len=max_model_len, engines=len(parts),
+        on_ray=on_ray, prompts=len(problems), seconds=time.perf_counter() - started,
+    )
     return rows, manifest
 
 

@@ -21,7 +21,12 @@ import torch
 import schemas
 from dapo_core.advantages import estimate_advantages
 from dapo_core.overlong import soft_overlong_penalty
-from dapo_core.rewards import REWARD_VERSION, score_responses, summarize_verdicts
+from dapo_core.rewards import (
+    REWARD_VERSION,
+    Verdict,
+    score_responses,
+    summarize_verdicts,
+)
 from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
 from settings.score import ScoreConfig
 
@@ -64,6 +69,107 @@ def _gold_answers(problems: pa.Table, problem_ids: list[str], rollout_file: str)
     return [gold[pid] for pid in problem_ids]
 
 
+@dataclass(frozen=True)
+class _Rewards:
+    """The per-response reward terms of N responses, each a tensor [N]."""
+
+    truncated: torch.Tensor  # bool: cut by the response cap (finish reason ``length``)
+    correct: torch.Tensor  # bool: the verdict, and not truncated when truncated_is_wrong
+    rule_reward: torch.Tensor  # float32: +1 / -1 (eq. 7)
+    penalty: torch.Tensor  # float32: soft overlong punishment (eq. 13), zeros when off
+    reward: torch.Tensor  # float32: rule_reward + penalty
+
+
+def _response_rewards(
+    rollouts: pa.Table, verdicts: list[Verdict], *, max_response_tokens: int, config: ScoreConfig
+) -> _Rewards:
+    """Rule reward (eq. 7) plus the soft overlong penalty (eq. 13) of every response."""
+    n = rollouts.num_rows
+    truncated = torch.tensor(rollouts.column("truncated").to_pylist(), dtype=torch.bool)
+    correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
+    rule_reward = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
+    if config.truncated_is_wrong:
+        rule_reward = torch.where(truncated, torch.full_like(rule_reward, -1.0), rule_reward)
+        correct = correct & ~truncated
+    lengths = torch.tensor(rollouts.column("response_length").to_pylist(), dtype=torch.long)
+    if config.soft_overlong_punishment:
+        penalty = soft_overlong_penalty(
+            lengths, max_response_tokens, config.overlong_buffer_tokens, config.overlong_penalty_factor
+        ).to(torch.float32)
+    else:
+        penalty = torch.zeros(n, dtype=torch.float32)
+    return _Rewards(truncated, correct, rule_reward, penalty, rule_reward + penalty)
+
+
+def _group_reasons(
+    group_keys: list[str], correct: torch.Tensor, reward: torch.Tensor, config: ScoreConfig
+) -> tuple[dict[str, str], Counter[str]]:
+    """(group key -> filter reason, count of each informativeness verdict) over the groups."""
+    members: dict[str, list[int]] = {}
+    for i, key in enumerate(group_keys):
+        members.setdefault(key, []).append(i)
+    # Dynamic sampling (sec. 3.2, eq. 11): a group whose samples all agree has zero advantage
+    # and no gradient. The final kept/surplus split happens in the driver's accumulator; here
+    # each group gets its informativeness verdict. Without dynamic sampling every group is kept.
+    reasons: dict[str, str] = {}
+    for key, rows in members.items():
+        index = torch.tensor(rows)
+        reasons[key] = group_filter_reason(correct[index], reward[index], by=config.informative_by)
+    decision_counts = Counter(reasons.values())
+    if not config.dynamic_sampling:
+        reasons = {key: REASON_KEPT for key in reasons}
+    return reasons, decision_counts
+
+
+def _scored_columns(
+    gold: list[int],
+    verdicts: list[Verdict],
+    rewards: _Rewards,
+    advantages: torch.Tensor,
+    filter_reason: list[str],
+    config: ScoreConfig,
+) -> dict[str, pa.Array]:
+    """The columns a ScoredRollout adds to its Rollout row, in the order they are appended."""
+    kept = [r == REASON_KEPT for r in filter_reason]
+    # Overlong filtering (sec. 3.4): truncated samples stay in the shard for audit but are
+    # flagged so the train stage masks them out of the loss.
+    truncated = rewards.truncated
+    loss_masked = (truncated if config.overlong_filtering else torch.zeros_like(truncated)).tolist()
+    return {
+        "gold_answer": pa.array(gold, pa.int64()),
+        "extracted_answer": pa.array([v.extracted_answer for v in verdicts], pa.string()),
+        "correct": pa.array(rewards.correct.tolist(), pa.bool_()),
+        "verdict_status": pa.array([v.status for v in verdicts], pa.string()),
+        "rule_reward": pa.array(rewards.rule_reward.tolist(), pa.float32()),
+        "overlong_penalty": pa.array(rewards.penalty.tolist(), pa.float32()),
+        "reward": pa.array(rewards.reward.tolist(), pa.float32()),
+        "advantage": pa.array(advantages.tolist(), pa.float32()),
+        "loss_masked": pa.array(loss_masked, pa.bool_()),
+        "kept": pa.array(kept, pa.bool_()),
+        "filter_reason": pa.array(filter_reason, pa.string()),
+        "reward_version": pa.array([REWARD_VERSION] * len(gold), pa.string()),
+    }
+
+
+def _score_stats(
+    samples: int, verdicts: list[Verdict], rewards: _Rewards, groups: int, decision_counts: Counter[str], start: float
+) -> ScoreStats:
+    """The step-metric counts of one scoring pass that began at ``start`` (perf_counter)."""
+    verdict_counts = summarize_verdicts(verdicts)
+    return ScoreStats(
+        samples=samples,
+        groups=groups,
+        informative_groups=decision_counts.get(REASON_KEPT, 0),
+        accuracy=float(rewards.correct.float().mean()),
+        reward_mean=float(rewards.reward.mean()),
+        truncation_ratio=float(rewards.truncated.float().mean()),
+        verdict_timeouts=verdict_counts.timeout,
+        verdict_errors=verdict_counts.error,
+        decisions=dict(sorted(decision_counts.items())),
+        seconds=time.perf_counter() - start,
+    )
+
+
 def score_table(
     rollouts: pa.Table,
     problems: pa.Table,
@@ -78,86 +184,26 @@ def score_table(
     table in the input's row order and the counts for the step metrics.
     """
     start = time.perf_counter()
-    n = rollouts.num_rows
-    if n == 0:
+    if rollouts.num_rows == 0:
         raise ValueError(f"{source}: no rollouts to score")
-    problem_ids = rollouts.column("problem_id").to_pylist()
-    gold = _gold_answers(problems, problem_ids, source)
+    gold = _gold_answers(problems, rollouts.column("problem_id").to_pylist(), source)
     verdicts = score_responses(
         rollouts.column("response_text").to_pylist(),
         gold,
         timeout_s=config.reward_timeout_s,
         max_workers=config.reward_workers or None,
     )
-    truncated = torch.tensor(rollouts.column("truncated").to_pylist(), dtype=torch.bool)
-    correct = torch.tensor([v.correct for v in verdicts], dtype=torch.bool)
-    rule_reward = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
-    if config.truncated_is_wrong:
-        rule_reward = torch.where(truncated, torch.full_like(rule_reward, -1.0), rule_reward)
-        correct = correct & ~truncated
-    lengths = torch.tensor(rollouts.column("response_length").to_pylist(), dtype=torch.long)
-    if config.soft_overlong_punishment:
-        penalty = soft_overlong_penalty(
-            lengths, max_response_tokens, config.overlong_buffer_tokens, config.overlong_penalty_factor
-        ).to(torch.float32)
-    else:
-        penalty = torch.zeros(n, dtype=torch.float32)
-    reward = rule_reward + penalty
+    rewards = _response_rewards(rollouts, verdicts, max_response_tokens=max_response_tokens, config=config)
 
     group_keys = group_keys_of(rollouts)
-    advantages = estimate_advantages(config.advantage_estimator, reward, group_keys)
-
-    members: dict[str, list[int]] = {}
-    for i, key in enumerate(group_keys):
-        members.setdefault(key, []).append(i)
-    # Dynamic sampling (sec. 3.2, eq. 11): a group whose samples all agree has zero advantage
-    # and no gradient. The final kept/surplus split happens in the driver's accumulator; here
-    # each group gets its informativeness verdict. Without dynamic sampling every group is kept.
-    reasons: dict[str, str] = {}
-    for key, rows in members.items():
-        index = torch.tensor(rows)
-        reasons[key] = group_filter_reason(correct[index], reward[index], by=config.informative_by)
-    decision_counts = Counter(reasons.values())
-    if not config.dynamic_sampling:
-        reasons = {key: REASON_KEPT for key in reasons}
+    advantages = estimate_advantages(config.advantage_estimator, rewards.reward, group_keys)
+    reasons, decision_counts = _group_reasons(group_keys, rewards.correct, rewards.reward, config)
     filter_reason = [reasons[k] for k in group_keys]
-    kept = [r == REASON_KEPT for r in filter_reason]
-    # Overlong filtering (sec. 3.4): truncated samples stay in the shard for audit but are
-    # flagged so the train stage masks them out of the loss.
-    loss_masked = (truncated if config.overlong_filtering else torch.zeros_like(truncated)).tolist()
 
     scored = rollouts
-    extra = {
-        "gold_answer": pa.array(gold, pa.int64()),
-        "extracted_answer": pa.array([v.extracted_answer for v in verdicts], pa.string()),
-        "correct": pa.array(correct.tolist(), pa.bool_()),
-        "verdict_status": pa.array([v.status for v in verdicts], pa.string()),
-        "rule_reward": pa.array(rule_reward.tolist(), pa.float32()),
-        "overlong_penalty": pa.array(penalty.tolist(), pa.float32()),
-        "reward": pa.array(reward.tolist(), pa.float32()),
-        "advantage": pa.array(advantages.tolist(), pa.float32()),
-        "loss_masked": pa.array(loss_masked, pa.bool_()),
-        "kept": pa.array(kept, pa.bool_()),
-        "filter_reason": pa.array(filter_reason, pa.string()),
-        "reward_version": pa.array([REWARD_VERSION] * n, pa.string()),
-    }
-    for name, column in extra.items():
+    for name, column in _scored_columns(gold, verdicts, rewards, advantages, filter_reason, config).items():
         scored = scored.append_column(name, column)
-
-    verdict_counts = summarize_verdicts(verdicts)
-    stats = ScoreStats(
-        samples=n,
-        groups=len(members),
-        informative_groups=decision_counts.get(REASON_KEPT, 0),
-        accuracy=float(correct.float().mean()),
-        reward_mean=float(reward.mean()),
-        truncation_ratio=float(truncated.float().mean()),
-        verdict_timeouts=verdict_counts.timeout,
-        verdict_errors=verdict_counts.error,
-        decisions=dict(sorted(decision_counts.items())),
-        seconds=time.perf_counter() - start,
-    )
-    return scored, stats
+    return scored, _score_stats(rollouts.num_rows, verdicts, rewards, len(reasons), decision_counts, start)
 
 
 def score_shards(

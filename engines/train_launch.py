@@ -1,19 +1,17 @@
-"""Run DAPO training steps on DeepSpeed workers and publish each step's checkpoint.
+"""Launch DAPO training steps on DeepSpeed workers, cold or on a warm worker group.
 
 The trainer runs in worker processes: ``torchrun --standalone --nproc_per_node N -m engines.train_worker
 SPEC.json`` (each step its own process group), or a warm worker group kept between steps
 (engines/train_server.py) that later steps send requests to. A step's output is built in a hidden
-staging folder and published by rename (storage/checkpoints.py); a step already published from
-the same config and batch is reused. The Flyte task (tasks/train.py) and ``dapo train`` call
+staging folder and published by rename; a step already published from the same config and batch
+is reused (engines/train_publish.py). The Flyte task (tasks/train.py) and ``dapo train`` call
 :func:`train_step_in_store`."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -23,43 +21,27 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from engines import train_batch as tb
 from engines import train_server
+from engines.train_publish import (
+    TrainStepError,
+    TrainStepResult,
+    batch_sha256_of,
+    discard_published,
+    finished_result,
+    made_from,
+    publish_step,
+    published_result,
+)
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
-from storage import checkpoints, digests, run_store
+from storage import checkpoints, run_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-METRICS_FILE = "train_metrics.parquet"
-
-
-TIMINGS_FILE = "train_timings.json"
-
-
-# StepMetrics columns a training step cannot know (rollout/score fill them in the driver).
-_UNKNOWN_FLOATS = ("reward_mean", "accuracy", "response_length_mean", "truncation_ratio", "time_rollout_s",
-                   "time_score_s")
-
-
-class TrainStepError(RuntimeError):
-    """A training step failed; nothing was published."""
-
-
-@dataclass(frozen=True)
-class TrainStepResult:
-    """What a published training step produced."""
-
-    checkpoint_dir: str  # the new, published checkpoint folder
-    checkpoint_id: str
-    metrics: dict[str, Any]  # the StepMetrics row (NaN for what training does not know)
-    timings: dict[str, float]  # finer timings in seconds: load, old log-probs, updates, save/export, ...
-    worker_metrics: list[dict[str, Any]]  # everything the workers reported, one dict per step run
 
 
 def _worker_env(num_processes: int) -> dict[str, str]:
@@ -166,102 +148,6 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
     return metrics, extra, group
 
 
-def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dict[str, Any], time_train_s: float) -> dict[str, Any]:
-    """The StepMetrics row of a step. Rollout/score metrics are NaN and their counts 0: the driver,
-    which knows them, fills them in when it merges the stages' metrics."""
-    row: dict[str, Any] = {
-        "step": step,
-        "checkpoint_id": checkpoint_id,
-        "parent_checkpoint_id": parent_id,
-        **{k: float(worker[k]) for k in ("loss", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
-                                          "approx_kl", "grad_norm", "lr")},
-        **{k: float(worker[k]) for k in ("policy_lag_mean", "stale_sample_fraction", "logprob_mismatch_mean_abs",
-                                          "logprob_mismatch_max_abs", "behaviour_weight_mean",
-                                          "behaviour_weight_capped_fraction")},
-        "policy_lag_max": int(worker["policy_lag_max"]),
-        "tokens": int(worker["tokens"]),
-        "samples": int(worker["samples"]),
-        "masked_samples": int(worker["masked_samples"]),
-        **{k: math.nan for k in _UNKNOWN_FLOATS},
-        "generation_rounds": 0,
-        "trained_groups": 0,
-        "carried_groups": 0,
-        "max_policy_lag_steps": 0,
-        "verdict_timeouts": 0,
-        "verdict_errors": 0,
-        "time_train_s": time_train_s,
-    }
-    return row
-
-
-def _write_metrics(row: dict[str, Any], path: Path) -> None:
-    import pyarrow as pa
-
-    import schemas
-
-    write_shard = getattr(schemas, "write_shard", None)
-    model = getattr(schemas, "StepMetrics", None)
-    int32 = {"step", "generation_rounds", "trained_groups", "carried_groups", "max_policy_lag_steps", "policy_lag_max"}
-    arrays = {k: pa.array([v], type=pa.int32() if k in int32 else None) for k, v in row.items()}
-    table = pa.table(arrays)
-    if write_shard is not None and model is not None:
-        write_shard(table, path, model)  # validated, atomic
-    else:  # pragma: no cover - before schemas grew its helpers
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, path)
-
-
-def _finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepResult:
-    """A re-run of a step that was already published (e.g. a retry after the publish): reuse it.
-
-    Training is not bit-reproducible across launches, so publishing again could give another id;
-    the published checkpoint stays the one and only result of this step. A different step or
-    parent at ``out_dir`` is an error (two runs must never share an output folder).
-    """
-    import schemas
-
-    info = checkpoints.read_info(out_dir)
-    if info.step != step or info.parent_checkpoint_id != parent_id or info.produced_by != "train":
-        raise TrainStepError(
-            f"step {step}: {out_dir} already holds {info.checkpoint_id} (step {info.step}, parent "
-            f"{info.parent_checkpoint_id}), not this step's output"
-        )
-    row = schemas.read_shard(out_dir / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
-    timings = json.loads((out_dir / TIMINGS_FILE).read_text())
-    return TrainStepResult(str(out_dir), info.checkpoint_id, row, timings, worker_metrics=[])
-
-
-def _batch_sha256(shards: Sequence[str | Path]) -> str:
-    """One sha256 over the batch shards' bytes, in order (what a published step was trained on)."""
-    digest = hashlib.sha256()
-    for shard in shards:
-        digest.update(digests.file_sha256(Path(shard)).encode())
-    return digest.hexdigest()
-
-
-def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str) -> bool:
-    """True when the checkpoint published at ``out_dir`` was trained with ``config`` on that batch.
-
-    A re-run of a step reuses its published checkpoint only then; another config or other batch
-    content (an upstream stage re-made its shards) means the folder holds another step's result.
-    """
-    inputs = checkpoints.read_info(out_dir).inputs
-    return inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
-
-
-def _discard(out_dir: str | Path, why: str) -> None:
-    print(f"[train] {out_dir}: {why}; training the step again", file=sys.stderr, flush=True)
-    digests.forget(str(out_dir))
-
-
-def published_result(out_dir: str, *, step: int, parent_id: str) -> TrainStepResult:
-    """``_finished_result`` of the checkpoint published at ``out_dir`` (a path or a URI, fetched
-    into the mirror), named as given."""
-    done = _finished_result(run_store.fetch(out_dir), step=step, parent_id=parent_id)
-    return dataclasses.replace(done, checkpoint_dir=str(out_dir))
-
-
 def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: TrainConfig,
                    parent_version: int) -> list[dict[str, Any]]:
     """Validate every step's batch before any process starts (bad input fails fast and clearly);
@@ -334,11 +220,11 @@ def train_steps(
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     t_start = time.perf_counter()
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
-    batch_sha256 = _batch_sha256([s for _, shards in steps for s in shards])
+    batch_sha256 = batch_sha256_of([s for _, shards in steps for s in shards])
     if checkpoints.is_complete(out_dir):
         if made_from(out_dir, config=config, batch_sha256=batch_sha256):
-            return _finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
-        _discard(out_dir, "published from another config or batch")
+            return finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
+        discard_published(out_dir, "published from another config or batch")
     batches_meta = _check_batches(steps, config, parent.step)
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
@@ -357,9 +243,9 @@ def train_steps(
                 _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
                 worker_metrics, extra = json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0}
             launch_s = time.perf_counter() - t_launch
-            result = _publish_step(worker_metrics, extra, launch_s, staging=staging, out_dir=out_dir, config=config,
-                                   last_step=last_step, parent_id=parent.checkpoint_id, batches_meta=batches_meta,
-                                   resume=resume, t_start=t_start)
+            result = publish_step(worker_metrics, extra, launch_s, staging=staging, out_dir=out_dir, config=config,
+                                  last_step=last_step, parent_id=parent.checkpoint_id, batches_meta=batches_meta,
+                                  resume=resume, t_start=t_start)
             if group is not None:
                 group.last_checkpoint_id = result.checkpoint_id  # published: the next step may continue
             return result
@@ -367,42 +253,6 @@ def train_steps(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(work_dir, ignore_errors=True)
-
-
-def _publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], launch_s: float, *, staging: Path,
-                  out_dir: Path, config: TrainConfig, last_step: int, parent_id: str,
-                  batches_meta: list[dict[str, Any]], resume: bool, t_start: float) -> TrainStepResult:
-    """Id, StepMetrics row, timings and lineage of the staged step, then the atomic publish."""
-    t_publish = time.perf_counter()
-    checkpoint_id = checkpoints.make_checkpoint_id("train", last_step, staging)
-    timings = {k: float(v) for m in worker_metrics for k, v in m["timings"].items()}
-    timings.update(extra)
-    timings["launch_s"] = launch_s
-    timings["launch_overhead_s"] = launch_s - sum(
-        timings.get(k, 0.0) for k in ("load_s", "batch_s", "old_log_probs_s", "updates_s", "save_export_s")
-    )
-    row = _step_metrics_row(last_step, checkpoint_id, parent_id, worker_metrics[-1],
-                            time_train_s=time.perf_counter() - t_start)
-    _write_metrics(row, staging / METRICS_FILE)
-    info = checkpoints.CheckpointInfo(
-        checkpoint_id=checkpoint_id,
-        step=last_step,
-        parent_checkpoint_id=parent_id,
-        produced_by="train",
-        inputs={
-            # As named in the run store (a URI when the shard was fetched into the mirror).
-            "scored_shards": [run_store.source_name(s) for b in batches_meta for s in b["shards"]],
-            "steps": [b["step"] for b in batches_meta],
-            "config": asdict(config),
-            "batch_sha256": _batch_sha256([s for b in batches_meta for s in b["shards"]]),
-            "resumed_optimizer_state": resume,
-        },
-    )
-    timings["publish_s"] = time.perf_counter() - t_publish
-    timings["time_train_s"] = time.perf_counter() - t_start
-    (staging / TIMINGS_FILE).write_text(json.dumps(timings, indent=2, sort_keys=True) + "\n")
-    published = checkpoints.publish(staging, out_dir, info)
-    return TrainStepResult(str(published), checkpoint_id, row, timings, worker_metrics)
 
 
 def train_step(
@@ -443,9 +293,9 @@ def train_step_in_store(
     if checkpoints.is_complete(out_dir):
         # Uploaded before the task's result was recorded (killed in between): reuse it if it was
         # made from these inputs.
-        if made_from(run_store.fetch(out_dir), config=config, batch_sha256=_batch_sha256(shards)):
+        if made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards)):
             return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
-        _discard(out_dir, "published from another config or batch")
+        discard_published(out_dir, "published from another config or batch")
     with run_store.output(out_dir, folder=True) as local:
         result = train_step(parent_local, shards, local, step=step, config=config)
     return dataclasses.replace(result, checkpoint_dir=out_dir)

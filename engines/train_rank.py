@@ -7,7 +7,8 @@ plugin's ``Elastic(nnodes, nproc_per_node)`` attached to the train environment
 MASTER_ADDR set; the body must then *be* the worker. ``train_step_as_rank`` is that body: every
 rank validates the batch, builds the same worker spec (engines/train_launch.py: _worker_spec), joins the
 process group and runs the step with the code the torchrun launch runs (engines/train_worker.py:
-run_request, engines/train_step.py); rank 0 then publishes the checkpoint, and its result is the task's output (the plugin returns
+run_request, engines/train_step.py);
+rank 0 then publishes the checkpoint (engines/train_publish.py), and its result is the task's output (the plugin returns
 rank 0's). The staging and work folders are named from the out folder and the elastic run id,
 so every rank on a node agrees on them without talking. On a shared filesystem they sit beside
 the out folder, which all nodes mount; on an object store (storage/run_store.py) each node has
@@ -24,14 +25,15 @@ import shutil
 import time
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from engines.train_launch import (
+from engines.train_launch import _check_batches, _worker_spec
+from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
-    _check_batches,
-    _publish_step,
-    _worker_spec,
+    publish_step,
     published_result,
 )
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR, WorkerSpec
@@ -52,6 +54,100 @@ def _shared_names(out_dir: Path, step: int) -> tuple[Path, Path]:
             out_dir.parent / f".{out_dir.name}.staging-work-{tag}")
 
 
+@dataclass(frozen=True)
+class _RankStep:
+    """One rank's view of the step: which step, where it is staged, and this rank's role."""
+
+    step: int
+    config: TrainConfig
+    rank: int
+    world: int
+    remote: bool  # the run store is an object store: every node works in its own mirror
+    preparer: bool  # this rank creates and removes the staging and work folders
+    out_uri: str  # the out folder as given (a path or a URI)
+    out_dir: Path  # its local path (in the mirror on an object store)
+    staging: Path
+    work_dir: Path
+    parent_id: str
+    batches_meta: list[dict[str, Any]]
+    resume: bool
+    t_start: float
+
+
+def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
+    """This process's RANK and WORLD_SIZE; a world size other than ``num_processes`` is trained on, with a warning."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != config.num_processes and rank == 0:
+        warnings.warn(f"train.num_processes={config.num_processes} but the elastic job has {world} ranks; "
+                      f"training on {world}", RuntimeWarning, stacklevel=3)
+    return rank, world
+
+
+def _prepare_folders(job: _RankStep) -> None:
+    """Empty staging and work folders, and nothing left of a killed attempt's upload."""
+    if job.preparer:
+        for folder in (job.staging, job.work_dir):
+            shutil.rmtree(folder, ignore_errors=True)  # a retried attempt's leftovers
+            folder.mkdir(parents=True)
+        if job.remote:
+            shutil.rmtree(job.out_dir, ignore_errors=True)
+    if job.remote and job.rank == 0:
+        run_store.remove(job.out_uri)  # what a killed attempt uploaded (it has no marker)
+
+
+def _train(job: _RankStep, spec: WorkerSpec) -> None:
+    """Run the step on this rank (engines/train_worker.py); a failure names the step and rank."""
+    from engines.train_step import StepRunner
+    from engines.train_worker import run_request
+
+    try:
+        runner = StepRunner(spec)
+        run_request(runner, spec, time.perf_counter() - job.t_start)
+    except Exception as err:
+        raise TrainStepError(f"step {job.step}: training failed on rank {job.rank}: {type(err).__name__}: {err} "
+                             "(nothing published)") from err
+
+
+def _upload_node_files(job: _RankStep) -> None:
+    """On an object store: each other node's preparer uploads its ranks' files (no marker), then all wait."""
+    import torch.distributed as dist
+
+    if job.preparer and job.rank != 0:
+        run_store.upload_folder(job.staging, job.out_uri, clear=False, include_marker=False)
+    dist.barrier()  # every other node's files are in the store
+
+
+def _publish(job: _RankStep, t_launch: float) -> TrainStepResult:
+    """Rank 0: publish the staged step, upload it with the marker last on an object store, record digests."""
+    worker_metrics = json.loads((job.work_dir / "metrics.json").read_text())
+    result = publish_step(worker_metrics, {"elastic_ranks": float(job.world)}, time.perf_counter() - t_launch,
+                          staging=job.staging, out_dir=job.out_dir, config=job.config, last_step=job.step,
+                          parent_id=job.parent_id, batches_meta=job.batches_meta, resume=job.resume,
+                          t_start=job.t_start)
+    if job.remote:
+        run_store.upload_folder(job.out_dir, job.out_uri, clear=False)  # rank 0's node, the marker last
+        result = dataclasses.replace(result, checkpoint_dir=job.out_uri)
+    # Other nodes' files are recorded by size only (rank 0 holds no copy to hash).
+    digests.record(job.out_uri, job.out_dir)
+    return result
+
+
+def _run_and_publish(job: _RankStep, spec: WorkerSpec) -> TrainStepResult | None:
+    """Prepare, train on every rank, gather the export; rank 0 publishes and returns the result."""
+    import torch.distributed as dist
+
+    _prepare_folders(job)
+    dist.barrier()
+    t_launch = time.perf_counter()
+    _train(job, spec)
+    dist.barrier()  # every rank's shard of the export is written
+    if job.remote:
+        _upload_node_files(job)
+    if job.rank != 0:
+        return None
+    return _publish(job, t_launch)
+
+
 def train_step_as_rank(
     checkpoint_dir: str | Path,
     scored_shards: Sequence[str | Path],
@@ -67,14 +163,9 @@ def train_step_as_rank(
     import torch.distributed as dist
 
     from engines.train_dist import init_process
-    from engines.train_step import StepRunner
-    from engines.train_worker import run_request
 
     t_start = time.perf_counter()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != config.num_processes and rank == 0:
-        warnings.warn(f"train.num_processes={config.num_processes} but the elastic job has {world} ranks; "
-                      f"training on {world}", RuntimeWarning, stacklevel=2)
+    rank, world = _rank_and_world(config)
     # On an object store every node works in its own mirror (storage/run_store.py): the parent is
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
     out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
@@ -89,46 +180,15 @@ def train_step_as_rank(
     staging, work_dir = _shared_names(out_dir, step)
     spec = WorkerSpec.from_dict(
         _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume))
-
     # One rank per folder prepares it: rank 0 on a shared filesystem, each node's first rank in
     # node-local mirrors.
     preparer = local_rank == 0 if remote else rank == 0
+    job = _RankStep(step=step, config=config, rank=rank, world=world, remote=remote, preparer=preparer,
+                    out_uri=out_uri, out_dir=out_dir, staging=staging, work_dir=work_dir,
+                    parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume, t_start=t_start)
     init_process()
     try:
-        if preparer:
-            for folder in (staging, work_dir):
-                shutil.rmtree(folder, ignore_errors=True)  # a retried attempt's leftovers
-                folder.mkdir(parents=True)
-            if remote:
-                shutil.rmtree(out_dir, ignore_errors=True)
-        if remote and rank == 0:
-            run_store.remove(out_uri)  # what a killed attempt uploaded (it has no marker)
-        dist.barrier()
-        t_launch = time.perf_counter()
-        try:
-            runner = StepRunner(spec)
-            run_request(runner, spec, time.perf_counter() - t_start)
-        except Exception as err:
-            raise TrainStepError(f"step {step}: training failed on rank {rank}: {type(err).__name__}: {err} "
-                                 "(nothing published)") from err
-        dist.barrier()  # every rank's shard of the export is written
-        if remote:
-            if preparer and rank != 0:
-                run_store.upload_folder(staging, out_uri, clear=False, include_marker=False)
-            dist.barrier()  # every other node's files are in the store
-        if rank != 0:
-            return None
-        worker_metrics = json.loads((work_dir / "metrics.json").read_text())
-        result = _publish_step(worker_metrics, {"elastic_ranks": float(world)}, time.perf_counter() - t_launch,
-                               staging=staging, out_dir=out_dir, config=config, last_step=step,
-                               parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume,
-                               t_start=t_start)
-        if remote:
-            run_store.upload_folder(out_dir, out_uri, clear=False)  # rank 0's node, the marker last
-            result = dataclasses.replace(result, checkpoint_dir=out_uri)
-        # Other nodes' files are recorded by size only (rank 0 holds no copy to hash).
-        digests.record(out_uri, out_dir)
-        return result
+        return _run_and_publish(job, spec)
     finally:
         if preparer:
             shutil.rmtree(staging, ignore_errors=True)

@@ -17,7 +17,7 @@ Exactness: the owner asks the group to continue from memory ONLY when the parent
 is the one this group last produced and that was published, and the cold path would resume its
 optimizer state; the workers re-check the parent's ds_state record. Otherwise the engine is
 rebuilt from disk exactly as a cold launch builds it. Every step still publishes its full
-checkpoint (HF export + ds_state) before returning (engines/train_launch.py).
+checkpoint (HF export + ds_state) before returning (engines/train_publish.py).
 
 Lifecycle: one group per owner process, keyed by everything baked into the engine (the whole
 TrainConfig except its timeout and this switch, plus the worker environment); another key stops

@@ -1,8 +1,9 @@
 """The train stage as a Flyte task: one DeepSpeed DAPO update per pipeline step (paper sec. 3-4).
 
 The body only unpacks its inputs and calls the training engine (engines/train_launch.py: worker
-launch, warm groups, publishing); under the PyTorch Elastic plugin it is itself a rank
-(engines/train_rank.py). Settings: settings/train.py. ``dapo train``: workflows/commands/train.py.
+launch, warm groups; engines/train_publish.py: publishing, reuse); under the PyTorch Elastic
+plugin it is itself a rank (engines/train_rank.py). Settings: settings/train.py. ``dapo train``:
+workflows/commands/train.py.
 """
 
 from __future__ import annotations

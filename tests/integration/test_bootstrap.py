@@ -10,10 +10,11 @@ import pytest
 
 import schemas
 from dapo_core.answers import problem_id
+from engines import policy_bootstrap as bs
 from engines import tiny_policy
 from readers.synthetic import make_problem
 from storage import checkpoints
-from tasks import bootstrap as bs
+from workflows.commands import bootstrap as bootstrap_cli
 
 FAST = dict(num_layers=1, hidden_size=64, batch_size=16, eval_every_steps=5, eval_problems=8, cpu_threads=1)
 
@@ -74,9 +75,9 @@ def test_import_rejects_non_model_folder(tmp_path: Path) -> None:
 
 def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    bs.add_arguments(parser)
+    bootstrap_cli.add_arguments(parser)
     args = parser.parse_args(["--out", str(tmp_path / "x"), "--set", "no_such_field=1"])
-    assert bs.run_cli(args) == 1
+    assert bootstrap_cli.run_cli(args) == 1
     assert "no_such_field" in capsys.readouterr().err
 
 

@@ -27,7 +27,8 @@ from train_fixtures import random_batch, write_scored  # noqa: E402
 
 import schemas  # noqa: E402
 from engines.tiny_policy import build_random_model, build_tokenizer, save_checkpoint  # noqa: E402
-from engines.train_launch import METRICS_FILE, TrainStepError, train_step
+from engines.train_launch import train_step
+from engines.train_publish import METRICS_FILE, TrainStepError
 from settings.train import TrainConfig  # noqa: E402
 
 torch.set_flush_denormal(True)

@@ -19,9 +19,10 @@ pytest.importorskip("vllm")
 
 import schemas
 from dapo_core.answers import problem_id
+from engines import rollout as ro
 from engines import tiny_policy, vllm_engine
 from readers.synthetic import make_problem
-from tasks import rollout as ro
+from settings.rollout import RolloutConfig
 
 THREADS = 1
 
@@ -50,9 +51,9 @@ def problem_shard(workdir: Path) -> Path:
     return schemas.write_shard(rows, workdir / "problems" / "train-00000.parquet", schemas.Problem)
 
 
-def _config(**overrides) -> ro.RolloutConfig:
+def _config(**overrides) -> RolloutConfig:
     base = dict(samples_per_prompt=3, max_response_tokens=12, cpu_threads=THREADS)
-    return ro.RolloutConfig(**{**base, **overrides})
+    return RolloutConfig(**{**base, **overrides})
 
 
 def _hf_model(folder: Path):

@@ -1,4 +1,5 @@
-"""The tiny policy's tokenizer, checkpoint construction and warm-up pieces (no vLLM here)."""
+"""The tiny policy's tokenizer and checkpoint construction (engines/tiny_policy.py) and its warm-up
+pieces (engines/tiny_warmup.py); no vLLM here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engines import tiny_policy
+from engines import tiny_policy, tiny_warmup
 from readers.synthetic import ALPHABET
 from storage import checkpoints
 
@@ -63,7 +64,7 @@ def test_random_checkpoint_is_published_and_deterministic(tmp_path: Path) -> Non
 
 def test_supervised_batch_masks_the_prompt() -> None:
     tok = tiny_policy.build_tokenizer()
-    ids, mask, labels = tiny_policy._supervised_batch(tok, [("1+2=\n", "3"), ("1=\n", "12")])
+    ids, mask, labels = tiny_warmup._supervised_batch(tok, [("1+2=\n", "3"), ("1=\n", "12")])
     # row 0: prompt "1+2=\n" (5 tokens) + "3" + EOS = 7; row 1: "1=\n" (3) + "12" + EOS = 6, 1 pad.
     assert ids.shape == labels.shape == (2, 7)
     assert labels[0].tolist() == [-100] * 5 + [6, 1]
@@ -72,18 +73,18 @@ def test_supervised_batch_masks_the_prompt() -> None:
 
 
 def test_extract_answer_and_split() -> None:
-    assert tiny_policy.extract_answer("3+4=7\nAnswer: 7") == 7
-    assert tiny_policy.extract_answer("Answer: -12") == -12
-    assert tiny_policy.extract_answer("3+4=7") is None
-    assert tiny_policy.synthetic_split("3+4") == tiny_policy.synthetic_split("3+4")
-    splits = {tiny_policy.synthetic_split(f"{a}+{b}") for a in range(1, 30) for b in range(1, 30)}
+    assert tiny_warmup.extract_answer("3+4=7\nAnswer: 7") == 7
+    assert tiny_warmup.extract_answer("Answer: -12") == -12
+    assert tiny_warmup.extract_answer("3+4=7") is None
+    assert tiny_warmup.synthetic_split("3+4") == tiny_warmup.synthetic_split("3+4")
+    splits = {tiny_warmup.synthetic_split(f"{a}+{b}") for a in range(1, 30) for b in range(1, 30)}
     assert splits == {"train", "test"}
 
 
 def test_max_solution_tokens_bounds_real_solutions() -> None:
     # max_terms=2, max_operand=20: totals up to 40 -> 2 digits + sign = 3 chars;
     # line "ttt+20=ttt\n" = 3+1+2+1+3+1 = 11; answer "Answer: ttt" = 8+3 = 11; + EOS = 23.
-    assert tiny_policy.max_solution_tokens(2, 20) == 23
+    assert tiny_warmup.max_solution_tokens(2, 20) == 23
     from readers.synthetic import worked_solution
 
     assert len(worked_solution("20-20")) + 1 <= 23
@@ -95,17 +96,17 @@ def test_warm_up_reduces_loss_and_stops_in_band() -> None:
     model = tiny_policy.build_random_model(tok, seed=0, num_layers=1, hidden_size=64)
     import random
 
-    problems = tiny_policy.draw_problems(random.Random(0), 64, split="train", min_terms=2, max_terms=2, max_operand=9)
-    train, heldout = tiny_policy.synthetic_examples(problems)
-    batch = tiny_policy._supervised_batch(tok, train[:32])
+    problems = tiny_warmup.draw_problems(random.Random(0), 64, split="train", min_terms=2, max_terms=2, max_operand=9)
+    train, heldout = tiny_warmup.synthetic_examples(problems)
+    batch = tiny_warmup._supervised_batch(tok, train[:32])
     before = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss.item()
     # band [0, 1] holds any accuracy: the loop must stop at the first check (step 10).
-    result = tiny_policy.warm_up(model, tok, train, heldout[:8], seed=0, batch_size=16, learning_rate=3e-3,
+    result = tiny_warmup.warm_up(model, tok, train, heldout[:8], seed=0, batch_size=16, learning_rate=3e-3,
                                  max_steps=50, eval_every_steps=10, max_new_tokens=12,
                                  target_accuracy_low=0.0, target_accuracy_high=1.0, log=False)
     after = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss.item()
     assert result.stop_reason == "in_band" and result.steps == 10 and len(result.history) == 1
     assert after < before
     with pytest.raises(ValueError, match="low <= high"):
-        tiny_policy.warm_up(model, tok, train, heldout, seed=0, batch_size=4, learning_rate=1e-3, max_steps=1,
+        tiny_warmup.warm_up(model, tok, train, heldout, seed=0, batch_size=4, learning_rate=1e-3, max_steps=1,
                             eval_every_steps=1, max_new_tokens=4, target_accuracy_low=0.6, target_accuracy_high=0.5)

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from engines.train_launch import TrainStepError, train_step_in_store
+from engines.train_launch import train_step_in_store
+from engines.train_publish import TrainStepError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
