@@ -35,7 +35,7 @@ class EvalSummary:
     k: int  # samples per problem (the largest, when copies of a problem differ: see k_values)
     k_values: list[int]
     input_rows: int
-    rejected_rows: int
+    rejected_rows: dict[str, int]  # reason code -> rows that cannot be scored
     avg_at_k: float
     pass_at_k: float
     maj_at_k: float

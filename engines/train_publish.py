@@ -39,6 +39,19 @@ class TrainStepError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class TrainedStep:
+    """What the train task returns: the published checkpoint of one step.
+
+    Its StepMetrics row is the checkpoint's ``train_metrics.parquet`` (:data:`METRICS_FILE`),
+    its timings ``train_timings.json``: open them from the Flyte UI's output or the run folder.
+    """
+
+    checkpoint_dir: str  # a path or an object-store URI
+    checkpoint_id: str
+    step: int
+
+
+@dataclass(frozen=True)
 class TrainStepResult:
     """What a published training step produced."""
 

@@ -8,9 +8,8 @@ workflows/commands/train.py.
 
 from __future__ import annotations
 
-import json
-
 from engines.train_launch import train_step_in_store
+from engines.train_publish import TrainedStep
 from infra.environments import stage_cache, train_env
 from settings.train import TrainConfig
 
@@ -19,8 +18,8 @@ from settings.train import TrainConfig
     cache=stage_cache("train", __name__)
 )
 def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int, config: TrainConfig,
-          upstream_digest: str = "") -> str:  # upstream_digest: cache key of the parent's and batch's content
-    """Flyte task: one training step; returns the StepMetrics row (with checkpoint_dir) as JSON.
+          upstream_digest: str = "") -> TrainedStep:  # upstream_digest: cache key of the parent's and batch's content
+    """Flyte task: one training step; returns the published checkpoint (its metrics row inside it).
 
     Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and
     is the worker itself (engines/train_rank.py); otherwise it launches its own torchrun.
@@ -30,9 +29,8 @@ def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int
     if running_as_elastic_rank():
         ranked = train_step_as_rank(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
         if ranked is None:
-            return ""  # not rank 0: the plugin returns rank 0's output
+            return TrainedStep("", "", step)  # not rank 0: the plugin returns rank 0's output
         result = ranked
     else:
         result = train_step_in_store(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
-    return json.dumps({**result.metrics, "checkpoint_dir": result.checkpoint_dir, "timings": result.timings},
-                      sort_keys=True)
+    return TrainedStep(result.checkpoint_dir, result.metrics["checkpoint_id"], step)

@@ -33,7 +33,7 @@ def run_data(steps: int = 20, *, seed: int = 0, run_dir: str = "/home/user/dapo/
     for i, step in enumerate(eval_steps):
         acc = 0.2897727272727273 + 0.068 * i / (len(eval_steps) - 1)
         evals.append({"step": step, "eval_set": "gsm8k-test", "checkpoint_id": f"ckpt-{step:04d}", "problems": 88,
-                      "k": 4, "k_values": [4], "input_rows": 88, "rejected_rows": 0, "avg_at_k": acc,
+                      "k": 4, "k_values": [4], "input_rows": 88, "rejected_rows": {}, "avg_at_k": acc,
                       "avg_at_k_ci95_half": 0.081, "pass_at_k": min(1.0, acc + 0.21), "maj_at_k": acc + 0.02,
                       "verdict_timeouts": 0, "verdict_errors": 0, "seconds": 41.7})
     before, after = evals[0]["avg_at_k"], evals[-1]["avg_at_k"]

@@ -23,6 +23,7 @@ import schemas
 from dapo_core.intervals import paired_change
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import group_keys_of
+from engines.train_publish import METRICS_FILE
 from infra.environments import cpu_env
 from storage import checkpoints, digests, run_store
 from storage.run_layout import RunLayout
@@ -127,6 +128,12 @@ def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
     return row
 
 
+def _train_row(checkpoint_dir: str) -> dict[str, Any]:
+    """The train task's StepMetrics row, as published inside its checkpoint."""
+    path = run_store.fetch(run_store.join(checkpoint_dir, METRICS_FILE))
+    return schemas.read_shard(path, schemas.StepMetrics).to_pylist()[0]
+
+
 def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: float) -> dict[str, Any]:
     """The StepMetrics row: the train task's columns plus what rollout, scoring and sampling measured."""
     round_stats = plan.round_stats
@@ -140,7 +147,7 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
         return math.nan if batch is None else float(pc.mean(batch.column(column)).as_py())
 
     lags = plan.policy_lags()
-    row = {k: v for k, v in trained.items() if k not in ("checkpoint_dir", "timings")}
+    row = dict(trained)
     row.update(
         reward_mean=batch_mean("reward"),
         accuracy=generated_mean("accuracy"),
@@ -298,11 +305,11 @@ class _PipelineStages:
                 sources, [g for g, _ in result.kept], [g for g, _ in result.surplus],
                 batch_path, surplus_path, upstream=sources,
             )
-            trained = json.loads(
-                await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],
-                                    str(layout.checkpoint(step)), step, cfg.train, upstream=[self.checkpoint, batch_path])
-            )
-            self.checkpoint, self.policy_step = trained["checkpoint_dir"], step
+            published = await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],
+                                            str(layout.checkpoint(step)), step, cfg.train,
+                                            upstream=[self.checkpoint, batch_path])
+            trained = _train_row(published.checkpoint_dir)
+            self.checkpoint, self.policy_step = published.checkpoint_dir, step
         train_s = time.perf_counter() - t
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(nan_to_none(row))

@@ -110,7 +110,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
     run = flyte.run(train_task, checkpoint_dir=str(ck0), scored_shards=[str(shard1)], out_dir=str(root / "C1"),
                     step=1, config=replace(CONFIG, micro_batch_samples=1))
     outputs = run.outputs()
-    out["C"] = json.loads(outputs[0] if isinstance(outputs, tuple) else outputs)
+    published = outputs[0] if isinstance(outputs, tuple) else outputs
+    import schemas
+
+    row = schemas.read_shard(Path(published.checkpoint_dir) / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
+    out["C"] = {**row, "checkpoint_dir": published.checkpoint_dir, "returned_id": published.checkpoint_id}
 
     from workflows.cli import main as dapo_main
 
@@ -202,7 +206,7 @@ def test_two_processes_give_the_same_update(runs: dict) -> None:
 
 def test_micro_batch_size_does_not_change_the_update(runs: dict) -> None:
     c = runs["C"]
-    assert c["step"] == 1 and c["checkpoint_dir"].endswith("C1")
+    assert c["step"] == 1 and c["checkpoint_dir"].endswith("C1") and c["returned_id"] == c["checkpoint_id"]
     assert _max_diff(_weights(runs["A"].checkpoint_dir), _weights(c["checkpoint_dir"])) < ATOL
     assert c["grad_norm"] == pytest.approx(runs["A"].metrics["grad_norm"], rel=1e-5)
 
