@@ -60,7 +60,8 @@ def test_ticks_are_round_and_cover_the_range() -> None:
     assert integer_ticks(0, 1000) == [0, 200, 400, 600, 800, 1000]
 
 
-values = st.one_of(st.none(), st.just(float("nan")), st.floats(-1e6, 1e6, allow_nan=False))
+# allow_subnormal=False: the suite flushes denormals (torch.set_flush_denormal), a global FPU state.
+values = st.one_of(st.none(), st.just(float("nan")), st.floats(-1e6, 1e6, allow_nan=False, allow_subnormal=False))
 
 
 @settings(max_examples=80, deadline=None)
@@ -73,7 +74,7 @@ values = st.one_of(st.none(), st.just(float("nan")), st.floats(-1e6, 1e6, allow_
 def test_any_series_gives_well_formed_svg_inside_the_frame(n: int, data: st.DataObject, percent: bool, kind: str) -> None:
     steps = sorted(data.draw(st.sets(st.integers(0, 5000), min_size=n, max_size=n)))
     ys = data.draw(st.lists(values, min_size=n, max_size=n))
-    err = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 1e3)), min_size=n, max_size=n))
+    err = data.draw(st.lists(st.one_of(st.none(), st.floats(0, 1e3, allow_subnormal=False)), min_size=n, max_size=n))
     svg = chart("title <&>", steps, [Series("s", ys, kind=kind, yerr=err if kind == "line" else None),
                                       Series("r", ys, right=True)], y_label="y", percent=percent)
     assert not re.search(r"\b(nan|inf)\b", svg)
