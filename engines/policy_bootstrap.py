@@ -14,6 +14,7 @@ folder and renamed into place, with its lineage (config, input shards, warm-up h
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from engines.threads import cpu_threads
 from settings.bootstrap import BootstrapConfig
-from storage import checkpoints
+from storage import checkpoints, run_store
 
 if TYPE_CHECKING:  # heavy stacks (torch, transformers) are imported only when a policy is built
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -233,3 +234,34 @@ def bootstrap_policy(
     if config.source == "tiny":
         return build_tiny_policy(out_dir, config, train_paths, test_paths)
     return import_local_model(config.source, out_dir, link=config.link_import)
+
+
+# What a tokenizer and the context length are read from (the weights are not needed for that).
+_TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def policy_tokenizer_folder(source: str, scratch: Path) -> Path:
+    """A folder holding the step-0 policy's tokenizer and ``config.json``, before the policy exists.
+
+    Lets the driver check every prompt against the model's context right after curation, before
+    the warm-up or import: ``tiny`` builds the character tokenizer (cheap, deterministic) with
+    the tiny model's context; a local HF folder is used as is; an object-store folder has only
+    its tokenizer and config files fetched into ``scratch`` (not the weights).
+    """
+    if source == "tiny":
+        from engines import tiny_policy
+
+        tiny_policy.build_tokenizer(scratch)
+        # model_type as the tiny checkpoint's config says it: transformers picks the tokenizer
+        # class by it, and the class decides how characters outside the alphabet count.
+        config = {"model_type": "qwen2", "max_position_embeddings": tiny_policy.DEFAULT_MAX_POSITIONS}
+        (scratch / "config.json").write_text(json.dumps(config) + "\n")
+        return scratch
+    if not run_store.is_remote(source):
+        return Path(source).expanduser().resolve()
+    for name in _TOKENIZER_FILES:
+        remote = run_store.join(source, name)
+        if run_store.exists(remote):
+            shutil.copyfile(run_store.fetch(remote), scratch / name)
+    return scratch

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import platform
+import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import flyte
@@ -21,6 +23,7 @@ import pyarrow.compute as pc
 
 import schemas
 from dapo_core.intervals import paired_change
+from engines.policy_bootstrap import policy_tokenizer_folder
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import group_keys_of
 from engines.train_publish import METRICS_FILE
@@ -182,10 +185,13 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     # Before the step-0 policy is built: a pool too small for one step is a config error.
     check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
                     prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)
+    # Before the step-0 policy is built: every prompt must fit its context (the tokenizer and
+    # context length are known from the bootstrap source without building the policy).
+    with tempfile.TemporaryDirectory(prefix="dapo-tokenizer-") as scratch:
+        _check_prompt_lengths(cfg, policy_tokenizer_folder(cfg.bootstrap.source, Path(scratch)), train_paths, test_paths)
     _at("the step-0 policy (bootstrap warm-up)")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
                                      cfg.bootstrap, upstream=[layout.curate_dir])
-    _check_prompt_lengths(cfg, checkpoint, train_paths, test_paths)
     return {
         "checkpoint": checkpoint,
         "train_paths": train_paths,
@@ -196,9 +202,9 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     }
 
 
-def _check_prompt_lengths(cfg: RunConfig, checkpoint: str, train_paths: list[str], test_paths: list[str]) -> None:
+def _check_prompt_lengths(cfg: RunConfig, policy_folder: Path, train_paths: list[str], test_paths: list[str]) -> None:
     """Every prompt fits the step-0 policy's context with its response cap (training and held-out)."""
-    local = run_store.fetch(checkpoint)
+    local = policy_folder
     for paths, cap, field in ((train_paths, cfg.rollout.max_response_tokens, "rollout.max_response_tokens"),
                               (test_paths, cfg.evaluate.max_response_tokens, "evaluate.max_response_tokens")):
         problems = pa.concat_tables([schemas.read_shard(run_store.fetch(p), schemas.Problem) for p in paths])

@@ -73,7 +73,7 @@ def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_c
     assert "note: taking over" not in again.stderr  # the interrupted run released its lock
 
 
-def test_a_prompt_too_long_for_the_context_stops_the_run_before_any_rollout(tmp_path: Path) -> None:
+def test_a_prompt_too_long_for_the_context_stops_the_run_after_curation(tmp_path: Path) -> None:
     # The tiny model has 256 positions; the synthetic prompts ~7 tokens: a 250-token held-out cap overflows.
     started = time.monotonic()
     proc = subprocess.run(_args(tmp_path, "evaluate.max_response_tokens=250"), cwd=REPO, env=_env(),
@@ -84,4 +84,5 @@ def test_a_prompt_too_long_for_the_context_stops_the_run_before_any_rollout(tmp_
     assert "evaluate.max_response_tokens=250 > max_model_len=256" in last, last
     layout = RunLayout(tmp_path / "intr")
     assert not Path(layout.root, "steps").exists() and not Path(layout.eval_shard(0)).exists()  # no rollout, no eval
-    print(f"refused after {time.monotonic() - started:.1f} s (curation + warm-up)")
+    assert not Path(layout.checkpoint(0)).exists()  # refused right after curation, before the warm-up
+    print(f"refused after {time.monotonic() - started:.1f} s (curation only)")

@@ -222,3 +222,15 @@ def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path,
     table = schemas.read_shard(out, schemas.EvalResult)
     assert table.column("k").to_pylist() == [2, 3]
     assert table.column("problem_id").to_pylist() == [problem_id("3+4"), problem_id("9-5")]
+
+
+def test_the_context_check_before_bootstrap_sees_the_tokenizer_the_policy_will_have(checkpoint: Path, tmp_path: Path) -> None:
+    # The driver checks prompt lengths right after curation, before the step-0 policy is built:
+    # the tiny source's tokenizer folder must tokenize and bound the context exactly as the policy.
+    from engines.policy_bootstrap import policy_tokenizer_folder
+
+    prompts = ["12+3=\n", "7-4+19=\n", "a prompt with spaces\n"]
+    early = policy_tokenizer_folder("tiny", tmp_path)
+    assert ro.tokenize_prompts(early, prompts) == ro.tokenize_prompts(checkpoint, prompts)
+    assert ro.model_max_positions(early) == ro.model_max_positions(checkpoint)
+    assert policy_tokenizer_folder(str(checkpoint), tmp_path / "unused") == checkpoint.resolve()
