@@ -21,22 +21,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import flyte
-
 from infra.environments import cpu_env
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows.config import RunConfig, config_from_dict, load_config
-from workflows.pipeline import RunInterrupted
+from workflows.pipeline import RunInterrupted, exit_interrupted, run_driver_locally
 from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
-from workflows.run_records import close_open_actions
 
 
 @dataclass(frozen=True)
@@ -182,36 +178,23 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
-    from engines.train_launch import clean_stale_temp_dirs
-    from workflows.pipeline import init_flyte_for_run, stop_workers
-
     if run_store.is_remote(run_root):
         raise ValueError(f"{run_root}: the ablation ladder needs a filesystem run root, not an object store")
     layout = RunLayout(Path(run_root).resolve() / f"{config.run.name}-ladder")
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
     with hold_run_folder(layout.root):
         check_ladder_records(config, Path(layout.root), seeds=seeds, rungs=indices)
-        clean_stale_temp_dirs()
-        close_open_actions(layout, "abandoned: the driver of this ladder stopped (killed) before the action finished")
-        init_flyte_for_run(layout)
-        try:
-            run = flyte.with_runcontext(mode="local").run(
-                dapo_ablation,
-                config_json=json.dumps(config.to_dict(), sort_keys=True),
-                ladder_dir=str(layout.root),
-                seeds=seeds,
-                rungs=indices,
-                config_source=config.source,
-            )
-            run.wait()
-            outputs = run.outputs()
-        except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
-            stop_workers()
-            close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
-            raise RunInterrupted(f"interrupted the ladder in {layout.root}; nothing half-published: "
-                                 "re-run the same command to resume") from None
-    return json.loads(str(outputs[0] if isinstance(outputs, tuple) else outputs))
+        table = run_driver_locally(
+            layout, dapo_ablation,
+            interrupted=lambda: (f"interrupted the ladder in {layout.root}; nothing half-published: "
+                                 "re-run the same command to resume"),
+            config_json=json.dumps(config.to_dict(), sort_keys=True),
+            ladder_dir=str(layout.root),
+            seeds=seeds,
+            rungs=indices,
+            config_source=config.source,
+        )
+    return json.loads(str(table))
 
 
 def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:
@@ -284,9 +267,6 @@ def run_cli(args: argparse.Namespace) -> int:
             print(f"dapo ablate: {err}", file=sys.stderr)
             return 2
         except RunInterrupted as err:
-            print(f"\ndapo ablate: {err}", file=sys.stderr)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(130)  # as `dapo run`: skip the shutdown tracebacks of the workers just killed
+            exit_interrupted("ablate", err)
     print(format_table(table))
     return 0

@@ -21,8 +21,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import flyte
 
@@ -82,7 +83,6 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     whose run.json records another config (workflows/run_binding.py). Ctrl-C stops the
     workers and raises :class:`RunInterrupted`.
     """
-    from engines.train_launch import clean_stale_temp_dirs
     from workflows import driver
 
     if run_store.is_remote(run_root):
@@ -94,26 +94,52 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     with hold_run_folder(run_store.local_path(layout.root)):
         record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
         check_run_record(str(layout.root), record, config.to_dict())
-        clean_stale_temp_dirs()  # what a kill -9 of an earlier run left in the temp folder
-        close_open_actions(layout, "abandoned: the driver of this run stopped (killed) before the action finished")
-        try:
-            init_flyte_for_run(layout)
-            run = flyte.with_runcontext(mode="local").run(
-                driver.dapo_pipeline,
-                config_json=json.dumps(config.to_dict(), sort_keys=True),
-                run_dir=str(layout.root),
-                config_source=config.source,
-            )
-            run.wait()
-            outputs = run.outputs()
-        except KeyboardInterrupt:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
-            stop_workers()
-            close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
-            raise RunInterrupted(f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
-                                 f"{layout.root}; nothing half-published: re-run the same command to resume") from None
-    summary_text = outputs[0] if isinstance(outputs, tuple) else outputs
+        summary_text = run_driver_locally(
+            layout, driver.dapo_pipeline,
+            interrupted=lambda: (f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
+                                 f"{layout.root}; nothing half-published: re-run the same command to resume"),
+            config_json=json.dumps(config.to_dict(), sort_keys=True),
+            run_dir=str(layout.root),
+            config_source=config.source,
+        )
     return json.loads(str(summary_text))
+
+
+def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[], str], **inputs: Any) -> Any:
+    """Run a driver task (``dapo_pipeline``, ``dapo_ablation``) through local Flyte in its folder.
+
+    Call with the folder's lock held and its config checked. First clears what a killed driver
+    left (its temp folders, its "running" action records); Ctrl-C stops the workers, closes this
+    run's records and raises :class:`RunInterrupted` with ``interrupted()``'s message. Returns
+    the task's output.
+    """
+    from engines.train_launch import clean_stale_temp_dirs
+
+    clean_stale_temp_dirs()  # what a kill -9 of an earlier run left in the temp folder
+    close_open_actions(layout, "abandoned: the driver of this folder stopped (killed) before the action finished")
+    try:
+        init_flyte_for_run(layout)
+        run = flyte.with_runcontext(mode="local").run(task, **inputs)
+        run.wait()
+        outputs = run.outputs()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
+        stop_workers()
+        close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
+        raise RunInterrupted(interrupted()) from None
+    return outputs[0] if isinstance(outputs, tuple) else outputs
+
+
+def exit_interrupted(command: str, err: RunInterrupted) -> NoReturn:
+    """Print the interrupt's one line and exit 130 at once.
+
+    Skips interpreter shutdown: task threads and library atexit hooks would print pages of
+    tracebacks about the workers just killed. Outputs are published atomically.
+    """
+    print(f"\ndapo {command}: {err}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def stop_workers() -> None:
@@ -167,12 +193,7 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"dapo run: {err}", file=sys.stderr)
         return 2
     except RunInterrupted as err:
-        print(f"\ndapo run: {err}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Skip interpreter shutdown: task threads and library atexit hooks would print pages of
-        # tracebacks about the workers just killed. Outputs are published atomically.
-        os._exit(130)
+        exit_interrupted("run", err)
     print(format_summary(summary))
     return 0
 
