@@ -42,7 +42,8 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
+def error_chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and its causes (``__cause__``, else ``__context__``), each once."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -54,7 +55,7 @@ def is_disk_full(err: BaseException, path: str | os.PathLike[str]) -> bool:
     """True when ``err`` (raised writing under ``path``) comes from a full file system."""
     if isinstance(err, (KeyboardInterrupt, SystemExit)):
         return False
-    for link in _chain(err):
+    for link in error_chain(err):
         if isinstance(link, OSError) and link.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if MARKER in str(link).lower():

@@ -59,17 +59,13 @@ USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationErr
 
 def disk_full_line(err: BaseException) -> str | None:
     """The "no space left on device ..." line inside ``err`` or its causes; None if it is not one."""
-    from schemas.disk_space import MARKER
+    from schemas.disk_space import MARKER, error_chain
 
-    seen: set[int] = set()
-    link: BaseException | None = err
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
+    for link in error_chain(err):
         for line in str(link).splitlines():
             at = line.lower().find(MARKER)
             if at >= 0:
                 return line[at:].strip()
-        link = link.__cause__ or link.__context__
     return None
 
 
