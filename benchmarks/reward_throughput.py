@@ -1,4 +1,5 @@
-"""Benchmark: rule-reward verdicts per second (dapo_core.rewards.score_responses).
+"""Benchmark: rule-reward verdicts per second (dapo_core.rewards.score_responses on the pipeline's
+verifier pool, engines/verifier_pool.py).
 
 Three workloads, each scored with 1 and 2 worker processes on a warm pool:
 
@@ -29,9 +30,9 @@ from pathlib import Path
 from dapo_core.rewards import (
     REWARD_VERSION,
     score_responses,
-    shutdown_reward_pool,
     summarize_verdicts,
 )
+from engines.verifier_pool import process_judge, shutdown_verifier_pool
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data" / "dapo-math-17k.dedup.parquet"
@@ -78,14 +79,14 @@ def math_verify_responses(golds: list[int], rng: random.Random) -> list[str]:
 
 
 def measure(responses: list[str], golds: list[int], workers: int, fast_path: bool, repeats: int) -> dict:
-    shutdown_reward_pool()
-    score_responses(responses[:200], golds[:200], max_workers=workers, integer_fast_path=fast_path)  # warm pool
+    shutdown_verifier_pool()
+    score_responses(responses[:200], golds[:200], judge=process_judge(workers), integer_fast_path=fast_path)  # warm pool
     rates = []
     correct: set[int] = set()
     timeouts = errors = 0
     for _ in range(repeats):
         started = time.perf_counter()
-        verdicts = score_responses(responses, golds, max_workers=workers, integer_fast_path=fast_path)
+        verdicts = score_responses(responses, golds, judge=process_judge(workers), integer_fast_path=fast_path)
         rates.append(len(responses) / (time.perf_counter() - started))
         counts = summarize_verdicts(verdicts)
         correct.add(counts.correct)
@@ -125,7 +126,7 @@ def main() -> None:
                   f"(runs: {', '.join(f'{r:,.0f}' for r in row['verdicts_per_s_all'])}; "
                   f"correct {row['correct']}/{row['n']}, timeouts {row['timeouts_all_runs']}, "
               f"errors {row['errors_all_runs']})")
-    shutdown_reward_pool()
+    shutdown_verifier_pool()
     fast = {r["correct"] for r in rows if r["workload"] == "ordinary"}
     slow = {r["correct"] for r in rows if r["workload"] == "ordinary_mv"}
     fast_path_agrees = fast == slow

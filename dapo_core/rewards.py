@@ -15,17 +15,16 @@ one is easy to hack; the same worry shapes this module:
   accepts ("34 cm", "x = 34", "$34$", "\\$34", "1,234", an equation's last side) are accepted.
 - Equivalence is judged by math-verify (`parse` / `verify`), except for a cheap exact path when
   both sides are plain integers (the DAPO-Math-17K case, and the bulk of real verdicts).
-- Model output is untrusted: parsing `\\boxed{9^{9^{9^{9}}}}` never finishes. math-verify's own
-  timeout uses `signal.alarm`, which only works in a process's main thread, so every verdict
-  runs in a worker *process* under a per-item wall-clock deadline. A worker that overruns it is
-  SIGKILLed and replaced; its item gets status "timeout" (reward -1), a crashed worker's item
-  gets status "error". Both are counted (`summarize_verdicts`) and logged, never a silent -1.
+- Model output is untrusted: parsing `\\boxed{9^{9^{9^{9}}}}` never finishes. Every verdict gets
+  a wall-clock limit and an overrun is a "timeout" verdict (reward -1); a judge that raises gives
+  an "error" verdict (-1). Both are counted (`summarize_verdicts`) and logged, never a silent -1.
 
-The worker pool is created lazily on first use, reused across calls and shut down at interpreter
-exit. Workers are fresh interpreters started with `subprocess` (exec, never a bare fork of the
-trainer, whose torch threads make fork unsafe; and unlike multiprocessing's spawn/forkserver
-they never re-import the caller's `__main__`). The pool can be driven from any thread,
-including an asyncio executor thread; concurrent callers are served one batch at a time.
+Where a verdict runs is the caller's choice (`score_responses(..., judge=...)`): a `Judge` takes
+(answer, gold) items and a per-item limit and returns one `Outcome` each. The default judges in
+this process, one item at a time under a SIGALRM deadline, which only a process's main thread
+can use and which cannot stop a runaway inside C code. The pipeline passes
+`engines.verifier_pool.process_judge()`: worker processes that are killed and replaced when an
+item overruns. This module stays pure: no processes, no threads, no I/O.
 
 Version rule: bump `_RULE_REVISION` whenever a change can alter any verdict (extraction,
 normalisation, hedge rules, fast path, the default timeout). `REWARD_VERSION` also names the
@@ -34,22 +33,13 @@ installed math-verify version, so upgrading it changes the lineage string automa
 
 from __future__ import annotations
 
-import atexit
 import collections
 import dataclasses
 import importlib.metadata
 import logging
-import mmap
-import multiprocessing.connection
-import os
 import re
-import socket
-import struct
-import subprocess
-import sys
-import tempfile
+import signal
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -81,20 +71,6 @@ CORRECT_REWARD: float = 1.0
 INCORRECT_REWARD: float = -1.0
 
 # A worker gets this long past `timeout_s` to report its own (signal-based) timeout before it is
-# killed; the signal cannot interrupt C code such as a huge integer power, the kill can.
-_KILL_GRACE_S: float = 0.25
-# A new worker imports sympy and math-verify (~1 s, more on a loaded machine) before judging.
-_WORKER_STARTUP_ALLOWANCE_S: float = 60.0
-# How often the parent checks deadlines while waiting for results.
-_POLL_INTERVAL_S: float = 0.02
-# Items per message: large enough to amortise pickling/IPC (~50 us per message), small enough
-# that work spreads over all workers and a killed worker loses little finished work.
-_MAX_CHUNK_ITEMS: int = 64
-# A runaway sympy expression should fail with MemoryError in its worker, not exhaust the machine.
-_WORKER_ADDRESS_SPACE_BYTES: int = 4 * 1024**3
-# An item whose worker died while idle (so the item is not to blame) is retried this often.
-_MAX_ATTEMPTS: int = 3
-
 VerdictStatus = Literal["ok", "timeout", "error"]
 
 
@@ -172,8 +148,11 @@ def summarize_verdicts(verdicts: Sequence[Verdict]) -> VerdictCounts:
 # `judge_in_process`, the slow obvious reference used by tests).
 # --------------------------------------------------------------------------------------------
 
-# (status, correct, reason, error, judged_value) - what a worker sends back per item.
-_Outcome = tuple[str, bool, str, "str | None", "str | None"]
+Outcome = tuple[str, bool, str, "str | None", "str | None"]
+"""(status, correct, reason, error, judged_value): one item's verdict as a judge returns it."""
+
+Judge = Callable[[Sequence[tuple[str, str]], float], list[Outcome]]
+"""Judges (answer, gold_text) items, each within `timeout_s` seconds; one `Outcome` per item, in order."""
 
 
 def _as_latex(text: str) -> str:
@@ -268,7 +247,7 @@ def _parse_gold(gold_text: str) -> list[Any]:
     return parsed
 
 
-def _judge(answer: str, gold_text: str) -> _Outcome:
+def _judge(answer: str, gold_text: str) -> Outcome:
     """Judge one extracted answer against one gold answer with math-verify (no timeout here)."""
     from math_verify import verify
 
@@ -295,332 +274,51 @@ def _judge(answer: str, gold_text: str) -> _Outcome:
     return ("ok", correct, "correct" if correct else "wrong", None, value)
 
 
-def _judge_caught(answer: str, gold_text: str) -> _Outcome:
+def judge_answer(answer: str, gold_text: str) -> Outcome:
     try:
         return _judge(answer, gold_text)
     except Exception as exc:  # untrusted input: any failure is a counted "error" verdict
         return ("error", False, "error", f"{type(exc).__name__}: {exc}"[:500], None)
 
 
-class _SoftTimeout(BaseException):
-    """Raised by SIGALRM inside a worker; a BaseException so library `except Exception` can't eat it."""
+class SoftTimeout(BaseException):
+    """Raised by a SIGALRM deadline; a BaseException so library `except Exception` can't eat it."""
 
 
-# Progress slot shared by a worker and the parent (16 bytes of shared memory): the chunk
-# position being judged (-1.0 when idle) and the monotonic time it started. The worker writes
-# the start before the position, so a reader never pairs a position with an older start.
-_SLOT_FORMAT = "d"
-_SLOT_POSITION_OFFSET = 0
-_SLOT_START_OFFSET = 8
-_SLOT_BYTES = 16
+def judge_here(items: Sequence[tuple[str, str]], timeout_s: float) -> list[Outcome]:
+    """The default `Judge`: each item in this process, in turn, under a SIGALRM deadline.
 
+    Only the main thread can take signals; from any other thread pass
+    `judge=engines.verifier_pool.process_judge()`. A runaway inside C code (a huge integer power)
+    holds the signal until it returns; the process pool kills such a worker instead.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "judging in this process needs the main thread (its deadline is a SIGALRM); from another "
+            "thread pass judge=engines.verifier_pool.process_judge() to score_responses"
+        )
 
-# Tests set this to "1" (before the pool starts) so that the answers "<hang>" and "<crash>"
-# simulate what real inputs do only rarely: a hang no signal can interrupt (like a long C call)
-# and a worker dying mid-item (like a segfault or the OOM killer).
-_FAULT_INJECTION_ENV = "DAPO_REWARD_FAULT_INJECTION"
+    def on_alarm(signum: int, frame: object) -> None:
+        raise SoftTimeout()
 
-
-def _inject_fault(answer: str) -> None:
-    import signal
-
-    if answer == "<hang>":
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-        while True:
-            time.sleep(3600)
-    if answer == "<crash>":
-        os._exit(70)
-
-
-def _worker_entry() -> None:
-    """Entry point of a worker process: `python -c "...; _worker_entry()" CONN_FD SLOT_FD`."""
-    import mmap
-    import signal
-    import struct
-    import sys
-
-    conn = multiprocessing.connection.Connection(int(sys.argv[1]))
-    slot = mmap.mmap(int(sys.argv[2]), _SLOT_BYTES)
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    outcomes: list[Outcome] = []
     try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_ADDRESS_SPACE_BYTES, _WORKER_ADDRESS_SPACE_BYTES))
-    except (ImportError, ValueError, OSError):
-        pass
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout disabled" notices: we time out ourselves
-    # Warm math-verify's lazy regex/grammar set-up so the first real item is not charged ~0.1 s.
-    _judge_caught("\\frac{68}{2}", "34")
-
-    armed = [False]
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        if armed[0]:
-            raise _SoftTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    fault_injection = os.environ.get(_FAULT_INJECTION_ENV) == "1"
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):
-            return  # the parent went away
-        if message is None:
-            return
-        timeout_s, items = message
-        outcomes: list[_Outcome] = []
-        for position, (answer, gold_text) in enumerate(items):
-            struct.pack_into(_SLOT_FORMAT, slot, _SLOT_START_OFFSET, time.monotonic())
-            struct.pack_into(_SLOT_FORMAT, slot, _SLOT_POSITION_OFFSET, float(position))
+        for answer, gold_text in items:
             try:
-                armed[0] = True
                 signal.setitimer(signal.ITIMER_REAL, timeout_s)
-                if fault_injection:
-                    _inject_fault(answer)
-                outcome = _judge_caught(answer, gold_text)
-                armed[0] = False
-            except _SoftTimeout:
+                outcome = judge_answer(answer, gold_text)
+            except SoftTimeout:
                 outcome = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s (interrupted)", None)
             finally:
-                armed[0] = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
             outcomes.append(outcome)
-        struct.pack_into(_SLOT_FORMAT, slot, _SLOT_POSITION_OFFSET, -1.0)
-        conn.send(outcomes)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    return outcomes
 
 
-# --------------------------------------------------------------------------------------------
-# The worker pool (parent side).
-# --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Worker:
-    process: subprocess.Popen[bytes]
-    conn: multiprocessing.connection.Connection
-    slot: mmap.mmap
-    chunk: list[int] | None = None  # item indices in flight, None when idle
-    chunk_deadline: float = 0.0  # monotonic time by which the whole chunk must be back
-
-    def progress(self) -> tuple[int, float] | None:
-        """(chunk position, start time) of the item being judged, None when idle or mid-update."""
-        before = struct.unpack_from(_SLOT_FORMAT, self.slot, _SLOT_POSITION_OFFSET)[0]
-        started = struct.unpack_from(_SLOT_FORMAT, self.slot, _SLOT_START_OFFSET)[0]
-        after = struct.unpack_from(_SLOT_FORMAT, self.slot, _SLOT_POSITION_OFFSET)[0]
-        if before < 0 or before != after:
-            return None
-        return int(before), started
-
-
-def _package_root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class _VerdictPool:
-    """Worker processes with per-item deadlines; a hung worker is killed and replaced.
-
-    Workers are fresh interpreters (`subprocess`, i.e. exec, never a bare fork of this possibly
-    multithreaded process) that import only this module, so unlike multiprocessing's spawn and
-    forkserver methods they never re-import the caller's `__main__` (which breaks scripts
-    without an `if __name__ == "__main__":` guard). They talk over a socket pair with
-    multiprocessing's framed pickle `Connection`, and publish progress in 16 bytes of shared memory.
-    """
-
-    def __init__(self) -> None:
-        self.owner_pid = os.getpid()
-        self.workers: list[_Worker] = []
-        self.workers_started = 0
-        self.workers_killed = 0
-
-    def _start_worker(self) -> _Worker:
-        parent_sock, child_sock = socket.socketpair()
-        memfd_create = getattr(os, "memfd_create", None)
-        slot_fd = memfd_create("dapo-reward-slot") if memfd_create else tempfile.TemporaryFile().detach()
-        try:
-            os.ftruncate(slot_fd, _SLOT_BYTES)
-            slot = mmap.mmap(slot_fd, _SLOT_BYTES)
-            struct.pack_into(_SLOT_FORMAT, slot, _SLOT_POSITION_OFFSET, -1.0)
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH")) if p)
-            env["OMP_NUM_THREADS"] = "1"  # sympy needs no threads; never oversubscribe the trainer's cores
-            process = subprocess.Popen(
-                [sys.executable, "-c", "from dapo_core.rewards import _worker_entry; _worker_entry()",
-                 str(child_sock.fileno()), str(slot_fd)],
-                pass_fds=(child_sock.fileno(), slot_fd),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C goes to the parent, which kills workers itself
-            )
-        finally:
-            child_sock.close()
-            os.close(slot_fd)
-        self.workers_started += 1
-        return _Worker(process=process, conn=multiprocessing.connection.Connection(parent_sock.detach()), slot=slot)
-
-    def _discard(self, worker: _Worker) -> None:
-        if worker.process.poll() is None:
-            worker.process.kill()
-        try:
-            worker.process.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not honoured
-            logger.error("reward worker %d did not exit after SIGKILL", worker.process.pid)
-        worker.conn.close()
-        worker.slot.close()
-        self.workers.remove(worker)
-
-    def close(self) -> None:
-        for worker in list(self.workers):
-            try:
-                worker.conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for worker in list(self.workers):
-            try:
-                worker.process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            self._discard(worker)
-
-    def run(self, items: Sequence[tuple[str, str]], timeout_s: float, max_workers: int) -> list[_Outcome]:
-        """Judge `items` [(answer, gold_text)] on up to `max_workers` processes; one outcome each."""
-        outcomes: list[_Outcome | None] = [None] * len(items)
-        attempts = [0] * len(items)
-        pending: collections.deque[int] = collections.deque(range(len(items)))
-        while len(self.workers) > max_workers:  # shrink a pool left larger by an earlier call
-            self._discard(self.workers[-1])
-        kill_after_s = timeout_s + _KILL_GRACE_S
-
-        def requeue(indices: list[int], blame: bool) -> None:
-            for index in reversed(indices):
-                attempts[index] += 1
-                if blame and attempts[index] >= _MAX_ATTEMPTS:
-                    outcomes[index] = ("error", False, "error", "reward worker died repeatedly on this item's chunk", None)
-                else:
-                    pending.appendleft(index)
-
-        while pending or any(w.chunk is not None for w in self.workers):
-            # Dispatch: top the pool up lazily (this also replaces killed workers), feed idle ones.
-            while pending and len(self.workers) < max_workers:
-                self.workers.append(self._start_worker())
-            for worker in list(self.workers):
-                if not pending:
-                    break
-                if worker.chunk is not None:
-                    continue
-                chunk_size = max(1, min(_MAX_CHUNK_ITEMS, len(pending) // (2 * max_workers)))
-                chunk = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
-                worker.chunk = chunk
-                # Backstop for a worker that never starts an item (stuck importing, stopped):
-                # per-item deadlines only cover items in progress.
-                worker.chunk_deadline = time.monotonic() + _WORKER_STARTUP_ALLOWANCE_S + len(chunk) * kill_after_s
-                try:
-                    worker.conn.send((timeout_s, [items[i] for i in chunk]))
-                except (OSError, ValueError):
-                    worker.chunk = None
-                    requeue(chunk, blame=True)
-                    self._discard(worker)
-            busy = [w for w in self.workers if w.chunk is not None]
-            if not busy:
-                continue
-            ready = multiprocessing.connection.wait([w.conn for w in busy], timeout=_POLL_INTERVAL_S)
-            for worker in busy:
-                chunk = worker.chunk
-                if worker.conn not in ready or chunk is None:
-                    continue
-                try:
-                    results = worker.conn.recv()
-                except (EOFError, OSError):
-                    self._handle_crash(worker, chunk, outcomes, requeue)
-                    continue
-                for index, outcome in zip(chunk, results):
-                    outcomes[index] = outcome
-                worker.chunk = None
-            # Deadlines: kill any worker whose current item has run past timeout + grace.
-            now = time.monotonic()
-            for worker in busy:
-                chunk = worker.chunk
-                if chunk is None or worker not in self.workers:
-                    continue
-                progress = worker.progress()
-                if progress is not None and now - progress[1] > kill_after_s:
-                    self._kill_overdue(worker, chunk, progress[0], timeout_s, outcomes, requeue)
-                elif now > worker.chunk_deadline:
-                    logger.error("reward worker %d missed its chunk deadline; killing it", worker.process.pid)
-                    self.workers_killed += 1
-                    worker.chunk = None
-                    requeue(chunk, True)
-                    self._discard(worker)
-        return [outcome for outcome in outcomes if outcome is not None]
-
-    def _kill_overdue(self, worker: _Worker, chunk: list[int], position: int, timeout_s: float,
-                      outcomes: list[_Outcome | None], requeue: Callable[[list[int], bool], None]) -> None:
-        worker.process.kill()
-        worker.process.wait()
-        self.workers_killed += 1
-        worker.chunk = None
-        try:  # the worker may have finished its whole chunk just before the kill landed
-            if worker.conn.poll():
-                results = worker.conn.recv()
-                if len(results) == len(chunk):
-                    for index, outcome in zip(chunk, results):
-                        outcomes[index] = outcome
-                    self._discard(worker)
-                    return
-        except (EOFError, OSError):
-            pass
-        outcomes[chunk[position]] = ("timeout", False, "timeout", f"verdict exceeded {timeout_s:g} s; worker killed", None)
-        # Items before `position` were judged but not yet sent: judge them again elsewhere.
-        requeue(chunk[:position] + chunk[position + 1 :], False)
-        self._discard(worker)
-
-    def _handle_crash(self, worker: _Worker, chunk: list[int], outcomes: list[_Outcome | None],
-                      requeue: Callable[[list[int], bool], None]) -> None:
-        exit_code = worker.process.wait()
-        position = int(struct.unpack_from(_SLOT_FORMAT, worker.slot, _SLOT_POSITION_OFFSET)[0])
-        worker.chunk = None
-        if 0 <= position < len(chunk):
-            outcomes[chunk[position]] = (
-                "error", False, "error", f"reward worker died (exit code {exit_code}) while judging this item", None
-            )
-            requeue(chunk[:position] + chunk[position + 1 :], False)
-        else:
-            requeue(chunk, True)
-        self._discard(worker)
-
-
-
-_POOL: _VerdictPool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def shutdown_reward_pool() -> None:
-    """Stop the worker processes (also registered at exit); the next call starts new ones."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is not None and _POOL.owner_pid == os.getpid():
-            _POOL.close()
-        _POOL = None
-
-
-atexit.register(shutdown_reward_pool)
-
-
-def reward_pool_stats() -> dict[str, int]:
-    """Workers alive, started and killed (for timeouts) since the pool was created in this process."""
-    pool = _POOL
-    if pool is None or pool.owner_pid != os.getpid():
-        return {"alive": 0, "started": 0, "killed": 0}
-    return {"alive": len(pool.workers), "started": pool.workers_started, "killed": pool.workers_killed}
-
-
-def _default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def _validate(responses: Sequence[str], gold_answers: Sequence[str | int], timeout_s: float,
-              max_workers: int | None) -> None:
+def _validate(responses: Sequence[str], gold_answers: Sequence[str | int], timeout_s: float) -> None:
     if len(responses) != len(gold_answers):
         raise ValueError(
             f"responses and gold_answers differ in length: {len(responses)} responses, "
@@ -628,8 +326,6 @@ def _validate(responses: Sequence[str], gold_answers: Sequence[str | int], timeo
         )
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    if max_workers is not None and max_workers < 1:
-        raise ValueError(f"max_workers must be >= 1 or None, got {max_workers!r}")
     for row, (response, gold) in enumerate(zip(responses, gold_answers)):
         if not isinstance(response, str):
             raise TypeError(f"responses[{row}] must be str, got {type(response).__name__}")
@@ -644,7 +340,7 @@ def score_responses(
     gold_answers: Sequence[str | int],
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    max_workers: int | None = None,
+    judge: Judge | None = None,
     integer_fast_path: bool = True,
 ) -> list[Verdict]:
     """Rule reward (eq. 7) for each response against its gold answer.
@@ -653,7 +349,9 @@ def score_responses(
         responses: N decoded model responses (untrusted text).
         gold_answers: N gold answers, ints or strings (LaTeX allowed, e.g. "\\frac{14}{3}").
         timeout_s: Wall-clock limit per verdict; an overrun is a "timeout" verdict with reward -1.
-        max_workers: Worker processes to use; None means every CPU this process may run on.
+        judge: Where the verdicts that need math-verify run (see `Judge`); None judges them in
+            this process under SIGALRM deadlines (main thread only). The pipeline passes
+            `engines.verifier_pool.process_judge()` (killable worker processes).
         integer_fast_path: Judge plain-integer answers against integer golds exactly in this
             process ("34" vs 34) instead of through math-verify. Same verdicts, ~100x cheaper;
             off only to measure math-verify itself.
@@ -664,7 +362,7 @@ def score_responses(
     Raises:
         ValueError / TypeError: mismatched lengths or a malformed row (named by index).
     """
-    _validate(responses, gold_answers, timeout_s, max_workers)
+    _validate(responses, gold_answers, timeout_s)
     extracted = [extract_answer(response) for response in responses]
     verdicts: list[Verdict | None] = [None] * len(responses)
     to_judge: list[int] = []
@@ -681,13 +379,9 @@ def score_responses(
             to_judge.append(row)
     if to_judge:
         items = [(extracted[row] or "", str(gold_answers[row]).strip()) for row in to_judge]
-        workers = min(max_workers or _default_workers(), len(items))
-        global _POOL
-        with _POOL_LOCK:
-            if _POOL is None or _POOL.owner_pid != os.getpid():
-                # A forked child must not drive its parent's workers; it gets its own pool.
-                _POOL = _VerdictPool()
-            outcomes = _POOL.run(items, timeout_s, workers)
+        outcomes = (judge or judge_here)(items, timeout_s)
+        if len(outcomes) != len(items):
+            raise RuntimeError(f"the judge returned {len(outcomes)} outcomes for {len(items)} items")
         for row, (status, correct, reason, error, value) in zip(to_judge, outcomes):
             verdicts[row] = _verdict(correct, extracted[row], reason, status, error, value)  # type: ignore[arg-type]
     final = [v for v in verdicts if v is not None]
@@ -700,9 +394,10 @@ def score_responses(
     return final
 
 
-def score_response(response: str, gold_answer: str | int, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+def score_response(response: str, gold_answer: str | int, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   judge: Judge | None = None) -> Verdict:
     """Rule reward (eq. 7) for one response; see `score_responses`."""
-    return score_responses([response], [gold_answer], timeout_s=timeout_s, max_workers=1)[0]
+    return score_responses([response], [gold_answer], timeout_s=timeout_s, judge=judge)[0]
 
 
 def judge_in_process(response: str, gold_answer: str | int) -> Verdict:
@@ -714,5 +409,5 @@ def judge_in_process(response: str, gold_answer: str | int) -> Verdict:
     answer = extract_answer(response)
     if answer is None:
         return _verdict(False, None, "no_answer")
-    status, correct, reason, error, value = _judge_caught(answer, str(gold_answer).strip())
+    status, correct, reason, error, value = judge_answer(answer, str(gold_answer).strip())
     return _verdict(correct, answer, reason, status, error, value)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from dapo_core.eval_metrics import pass_at_k, problem_outcome
 from dapo_core.rewards import Verdict, score_responses
 from engines.eval_sets import EvalProblem, EvalSet, load_eval_set
 from engines.rollout import generate_rollouts
+from engines.verifier_pool import process_judge
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage import checkpoints, run_store
@@ -144,7 +145,8 @@ def evaluate_checkpoint(
     gold = {p.problem_id: p.answer for p in problems}
     rows = _sample(checkpoint_dir, _problems_by_k(problems, config.samples_per_problem), step, config, engine_config)
     verdicts = score_responses(
-        [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s
+        [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s,
+        judge=process_judge(),
     )
     checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
     out_rows = _result_rows([p.problem_id for p in problems], rows, verdicts, checkpoint_id=checkpoint_id, step=step,

@@ -28,6 +28,7 @@ from dapo_core.rewards import (
     summarize_verdicts,
 )
 from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
+from engines.verifier_pool import process_judge
 from settings.score import ScoreConfig
 
 
@@ -191,7 +192,7 @@ def score_table(
         rollouts.column("response_text").to_pylist(),
         gold,
         timeout_s=config.reward_timeout_s,
-        max_workers=config.reward_workers or None,
+        judge=process_judge(config.reward_workers or None),
     )
     rewards = _response_rewards(rollouts, verdicts, max_response_tokens=max_response_tokens, config=config)
 

@@ -34,3 +34,22 @@ def test_bare_package_import_is_light() -> None:
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['dapo_core']"
+
+
+# Processes, sockets, shared memory and files belong to engines/ and storage/ (docs/ARCHITECTURE.md);
+# the verifier's process pool, for one, is engines/verifier_pool.py.
+_NO_PROCESSES_OR_FILES = ("subprocess", "multiprocessing", "socket", "mmap", "tempfile", "shutil", "os", "pathlib", "io")
+
+
+def test_dapo_core_starts_no_process_and_touches_no_file() -> None:
+    import ast
+
+    found = []
+    for path in sorted((REPO / "dapo_core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in _NO_PROCESSES_OR_FILES]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+                found.append(f"{path.name}:{node.lineno} calls open()")
+    assert not found, found

@@ -57,15 +57,16 @@ def test_majority_vote_ties_go_to_first_seen_and_missing_answers_are_ignored() -
 
 def test_maj_at_k_votes_on_the_judged_value_not_the_raw_string() -> None:
     from dapo_core.eval_metrics import problem_outcome
-    from dapo_core.rewards import score_responses, shutdown_reward_pool
+    from dapo_core.rewards import score_responses
+    from engines.verifier_pool import process_judge, shutdown_verifier_pool
 
     # "34", "34.0" and 68/2 are one value (3 votes, correct); "35" has 2 votes. Voting on the raw
     # strings would split 34 three ways and elect the wrong "35".
     responses = ["Answer: 35", "Answer: 34", "Answer: 34.0", "Answer: \\frac{68}{2}", "Answer: 35"]
     try:
-        verdicts = score_responses(responses, [34] * len(responses), timeout_s=20.0, max_workers=1)
+        verdicts = score_responses(responses, [34] * len(responses), timeout_s=20.0, judge=process_judge(1))
     finally:
-        shutdown_reward_pool()
+        shutdown_verifier_pool()
     outcome = problem_outcome(verdicts)
     assert (outcome.maj_answer, outcome.maj_correct) == ("34", True)
     # 3 of 5 correct: avg@5 = 0.6

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dapo_core.answer_extraction import ANSWER_WINDOW_CHARS, extract_answer
-from dapo_core.rewards import score_response, score_responses, shutdown_reward_pool
+from dapo_core.rewards import score_response, score_responses
+from engines.verifier_pool import process_judge, shutdown_verifier_pool
 
 TIMEOUT_S = 20.0  # generous: a loaded 2-core machine; these tests are about verdicts
 
@@ -25,7 +26,7 @@ TIMEOUT_S = 20.0  # generous: a loaded 2-core machine; these tests are about ver
 @pytest.fixture(scope="module", autouse=True)
 def _pool_per_module() -> Iterator[None]:
     yield
-    shutdown_reward_pool()
+    shutdown_verifier_pool()
 
 
 # ---------------------------------------------------------------- several candidates: wrong
@@ -146,7 +147,7 @@ def test_property_two_values_on_the_answer_line_never_score(gold: int, wrong: in
         return
     sep = " " if spaced else ""
     responses = [f"Answer: {wrong}{sep}{junk}{sep}{gold}", f"Answer: {gold}{sep}{junk}{sep}{wrong}"]
-    verdicts = score_responses(responses, [gold, gold], timeout_s=TIMEOUT_S, max_workers=1)
+    verdicts = score_responses(responses, [gold, gold], timeout_s=TIMEOUT_S, judge=process_judge(1))
     for response, verdict in zip(responses, verdicts):
         assert verdict.correct is False, (response, verdict)
 
@@ -182,6 +183,6 @@ def _ordinary_forms(gold: int) -> list[str]:
 @given(gold=_VALUES)
 def test_property_ordinary_single_value_forms_always_score(gold: int) -> None:
     responses = _ordinary_forms(gold)
-    verdicts = score_responses(responses, [gold] * len(responses), timeout_s=TIMEOUT_S, max_workers=1)
+    verdicts = score_responses(responses, [gold] * len(responses), timeout_s=TIMEOUT_S, judge=process_judge(1))
     for response, verdict in zip(responses, verdicts):
         assert verdict.correct is True, (response, verdict)

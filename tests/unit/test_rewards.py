@@ -23,12 +23,16 @@ from dapo_core.rewards import (
     REWARD_VERSION,
     Verdict,
     judge_in_process,
-    reward_pool_stats,
+    judge_here,
     score_response,
     score_responses,
-    shutdown_reward_pool,
     summarize_verdicts,
 )
+from engines import verifier_pool
+from engines.verifier_pool import process_judge, shutdown_verifier_pool, verifier_pool_stats
+
+# What the pipeline's scoring and evaluation pass (engines/verifier_pool.py).
+POOL = process_judge()
 
 # Generous: a loaded 2-core CI machine can be slow, and these tests are about verdicts, not speed.
 TIMEOUT_S = 20.0
@@ -37,7 +41,7 @@ TIMEOUT_S = 20.0
 @pytest.fixture(scope="module", autouse=True)
 def _pool_per_module() -> Iterator[None]:
     yield
-    shutdown_reward_pool()
+    shutdown_verifier_pool()
 
 
 # ---------------------------------------------------------------- extraction (pure functions)
@@ -134,7 +138,7 @@ def test_equivalent_forms_of_34_are_correct() -> None:
         "Therefore \\boxed{\\dfrac{68}{2}}",
         "Answer: x = 34",
     ]
-    verdicts = score_responses(responses, [34] * len(responses), timeout_s=TIMEOUT_S)
+    verdicts = score_responses(responses, [34] * len(responses), timeout_s=TIMEOUT_S, judge=POOL)
     for verdict in verdicts:
         _check(verdict, True, "correct")
     assert [v.extracted_answer for v in verdicts[:3]] == ["34", "34", "34.0"]
@@ -142,7 +146,7 @@ def test_equivalent_forms_of_34_are_correct() -> None:
 
 def test_wrong_and_missing_answers_are_incorrect() -> None:
     responses = ["Answer: 35", "", "I could not solve it.", "Answer: \\frac{70}{2}", "Answer: thirty-four"]
-    verdicts = score_responses(responses, ["34"] * len(responses), timeout_s=TIMEOUT_S)
+    verdicts = score_responses(responses, ["34"] * len(responses), timeout_s=TIMEOUT_S, judge=POOL)
     _check(verdicts[0], False, "wrong")
     _check(verdicts[1], False, "no_answer")
     _check(verdicts[2], False, "no_answer")
@@ -193,7 +197,7 @@ def test_pool_agrees_with_in_process_reference() -> None:
         ("Answer: 33 34", 34), ("Answer: 0.5", "\\frac{1}{2}"), ("Answer: x", 3),
         ("Answer: x + 34", 34), ("Answer: 34 \\text{ cm}", 34),
     ]
-    pooled = score_responses([c[0] for c in cases], [c[1] for c in cases], timeout_s=TIMEOUT_S)
+    pooled = score_responses([c[0] for c in cases], [c[1] for c in cases], timeout_s=TIMEOUT_S, judge=POOL)
     reference = [judge_in_process(response, gold) for response, gold in cases]
     assert pooled == reference
     # Hand-checked: 34, 34.0, 68/2, 1,234, -7, 2^5+2 = 34, sqrt(1156) = 34, "34 dollars", 0.5 = 1/2,
@@ -206,9 +210,9 @@ def test_pool_agrees_with_in_process_reference() -> None:
 
 
 def test_exponent_tower_times_out_within_the_limit() -> None:
-    score_response("Answer: \\frac{2}{2}", 1, timeout_s=TIMEOUT_S)  # warm the pool: time only the verdict
+    score_response("Answer: \\frac{2}{2}", 1, timeout_s=TIMEOUT_S, judge=POOL)  # warm the pool: time only the verdict
     started = time.monotonic()
-    verdict = score_response("Clearly \\boxed{9^{9^{9^{9}}}}", 34, timeout_s=1.0)
+    verdict = score_response("Clearly \\boxed{9^{9^{9^{9}}}}", 34, timeout_s=1.0, judge=POOL)
     elapsed_s = time.monotonic() - started
     _check(verdict, False, "timeout", status="timeout")
     assert verdict.error is not None and "1 s" in verdict.error
@@ -220,7 +224,7 @@ def test_exponent_tower_times_out_within_the_limit() -> None:
 def test_timeouts_are_counted_and_do_not_poison_the_batch(caplog: pytest.LogCaptureFixture) -> None:
     responses = ["Answer: 34", "\\boxed{9^{9^{9^{9}}}}", "Answer: \\frac{68}{2}", "Answer: 35"]
     with caplog.at_level("WARNING", logger="dapo_core.rewards"):
-        verdicts = score_responses(responses, [34] * 4, timeout_s=1.0)
+        verdicts = score_responses(responses, [34] * 4, timeout_s=1.0, judge=POOL)
     counts = summarize_verdicts(verdicts)
     # 2 correct (34, 68/2), 1 timeout, 1 wrong; 3 judged ok.
     assert (counts.total, counts.correct, counts.ok, counts.timeout, counts.error) == (4, 2, 3, 1, 0)
@@ -229,10 +233,10 @@ def test_timeouts_are_counted_and_do_not_poison_the_batch(caplog: pytest.LogCapt
 
 @pytest.fixture()
 def fault_injecting_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    shutdown_reward_pool()  # the next pool's workers inherit the variable
-    monkeypatch.setenv(rewards._FAULT_INJECTION_ENV, "1")
+    shutdown_verifier_pool()  # the next pool's workers inherit the variable
+    monkeypatch.setenv(verifier_pool._FAULT_INJECTION_ENV, "1")
     yield
-    shutdown_reward_pool()
+    shutdown_verifier_pool()
 
 
 def test_uninterruptible_hang_kills_and_replaces_the_worker(fault_injecting_pool: None) -> None:
@@ -240,24 +244,61 @@ def test_uninterruptible_hang_kills_and_replaces_the_worker(fault_injecting_pool
     # One worker, one chunk: the items around the hang must still be judged.
     responses = ["Answer: \\frac{68}{2}", "Answer: <hang>", "Answer: 34.0", "Answer: 35.0"]
     started = time.monotonic()
-    verdicts = score_responses(responses, [34] * 4, timeout_s=1.0, max_workers=1)
+    verdicts = score_responses(responses, [34] * 4, timeout_s=1.0, judge=process_judge(1))
     elapsed_s = time.monotonic() - started
     _check(verdicts[0], True, "correct")
     _check(verdicts[1], False, "timeout", status="timeout")
     assert verdicts[1].error is not None and "killed" in verdicts[1].error
     _check(verdicts[2], True, "correct")
     _check(verdicts[3], False, "wrong")
-    stats = reward_pool_stats()
+    stats = verifier_pool_stats()
     assert stats["killed"] == 1 and stats["started"] == 2  # the first worker, then its replacement
     assert elapsed_s < 1.0 + 8.0, elapsed_s  # includes two worker start-ups (~1 s each)
 
 
 def test_crashed_worker_is_an_error_verdict(fault_injecting_pool: None) -> None:
     verdicts = score_responses(["Answer: <crash>", "Answer: \\frac{68}{2}"], [34, 34], timeout_s=TIMEOUT_S,
-                               max_workers=1)
+                               judge=process_judge(1))
     _check(verdicts[0], False, "error", status="error")
     assert verdicts[0].error is not None and "exit code 70" in verdicts[0].error
     _check(verdicts[1], True, "correct")
+
+
+def test_in_process_default_interrupts_a_runaway_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default judge (no pool) must give up on a Python-level runaway at its deadline.
+    def spin(answer: str, gold_text: str) -> rewards.Outcome:
+        while True:
+            pass
+
+    monkeypatch.setattr(rewards, "_judge", spin)
+    started = time.monotonic()
+    verdicts = score_responses(["Answer: \\frac{68}{2}", "Answer: 34"], [34, 34], timeout_s=0.5)
+    elapsed_s = time.monotonic() - started
+    _check(verdicts[0], False, "timeout", status="timeout")
+    _check(verdicts[1], True, "correct")  # the integer fast path never reaches the judge
+    assert elapsed_s < 0.5 + 4.0, elapsed_s
+
+
+def test_in_process_default_refuses_other_threads_with_the_fix_named() -> None:
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            score_responses(["Answer: \\frac{68}{2}"], [34])
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(timeout=60)
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+    assert "process_judge" in str(errors[0])
+
+
+def test_a_judge_that_loses_items_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="1 outcomes for 2 items"):
+        score_responses(["Answer: \\frac{68}{2}", "Answer: \\frac{2}{2}"], [34, 1],
+                        judge=lambda items, timeout_s: judge_here(items[:1], timeout_s))
 
 
 # ---------------------------------------------------------------- scale and calling contexts
@@ -286,29 +327,29 @@ def _mixed_batch(n: int) -> tuple[list[str], list[int], int]:
 def test_thousand_responses_in_parallel() -> None:
     responses, golds, expected_correct = _mixed_batch(1000)
     assert expected_correct == 500  # kinds 0 and 2 of every 4
-    verdicts = score_responses(responses, golds, timeout_s=TIMEOUT_S, max_workers=2)
+    verdicts = score_responses(responses, golds, timeout_s=TIMEOUT_S, judge=process_judge(2))
     counts = summarize_verdicts(verdicts)
     assert (counts.total, counts.correct, counts.ok, counts.hedged) == (1000, 500, 1000, 250)
     assert [v.correct for v in verdicts] == [i % 4 in (0, 2) for i in range(1000)]
-    assert reward_pool_stats()["alive"] == 2
+    assert verifier_pool_stats()["alive"] == 2
 
 
 def test_pool_is_reused_across_calls() -> None:
-    score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, max_workers=2)
-    started_before = reward_pool_stats()["started"]
-    score_responses(["Answer: \\frac{6}{2}"] * 4, [3] * 4, timeout_s=TIMEOUT_S, max_workers=2)
-    assert reward_pool_stats()["started"] == started_before
+    score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    started_before = verifier_pool_stats()["started"]
+    score_responses(["Answer: \\frac{6}{2}"] * 4, [3] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    assert verifier_pool_stats()["started"] == started_before
 
 
 def test_works_from_a_thread_that_also_creates_the_pool() -> None:
-    shutdown_reward_pool()
+    shutdown_verifier_pool()
     responses, golds, expected_correct = _mixed_batch(40)
     results: list[list[Verdict]] = []
     errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            results.append(score_responses(responses, golds, timeout_s=TIMEOUT_S))
+            results.append(score_responses(responses, golds, timeout_s=TIMEOUT_S, judge=POOL))
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
@@ -324,7 +365,7 @@ def test_works_from_an_asyncio_executor_thread() -> None:
 
     async def main() -> list[Verdict]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: score_responses(responses, golds, timeout_s=TIMEOUT_S))
+        return await loop.run_in_executor(None, lambda: score_responses(responses, golds, timeout_s=TIMEOUT_S, judge=POOL))
 
     verdicts = asyncio.run(main())
     assert sum(v.correct for v in verdicts) == expected_correct
