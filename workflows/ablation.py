@@ -131,20 +131,17 @@ def _rung_result(rungs: list[Rung], index: int, runs: list[dict[str, Any]]) -> d
 
 
 @cpu_env.task(report=True)
-async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], rungs: list[int],
-                        config_source: str = "") -> str:
-    """Run (or resume) the ladder into ``ladder_dir``; returns ``ablation.json``'s content.
-
-    ``config_json`` is the full DAPO ``RunConfig.to_dict()`` as JSON; ``rungs`` are indices into
-    ``ladder`` (all of them for the paper's table).
-    """
+async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int], rungs: list[int]) -> str:
+    """Run (or resume) the ladder of the full DAPO ``run_config`` into ``ladder_dir``; returns the path
+    of ``ablation.json`` (the table). ``rungs`` are indices into ``ladder`` (all of them for the
+    paper's table)."""
     import flyte.report
 
     from workflows.ablation_report import write_ablation
     from workflows.driver import prepare_run, start_run_folder, train_and_report
 
     started = time.perf_counter()
-    base = config_from_dict(json.loads(config_json), source=config_source or "dapo_ablation input")
+    base = run_config
     if run_store.is_remote(ladder_dir):
         # The rungs share curation and the step-0 policy through symlinks (link_shared).
         raise ValueError(f"{ladder_dir}: the ablation ladder needs a filesystem run root (a path or shared "
@@ -173,7 +170,7 @@ async def dapo_ablation(config_json: str, ladder_dir: str, seeds: list[int], run
         results.append(_rung_result(all_rungs, index, runs))
     table, inline_page = write_ablation(root, results, base=base, seconds=time.perf_counter() - started)
     await flyte.report.replace.aio(inline_page, do_flush=True)
-    return json.dumps(table, sort_keys=True)
+    return str(root / "ablation.json")
 
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
@@ -188,13 +185,12 @@ def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], r
             layout, dapo_ablation,
             interrupted=lambda: (f"interrupted the ladder in {layout.root}; nothing half-published: "
                                  "re-run the same command to resume"),
-            config_json=json.dumps(config.to_dict(), sort_keys=True),
+            run_config=config,
             ladder_dir=str(layout.root),
             seeds=seeds,
             rungs=indices,
-            config_source=config.source,
         )
-    return json.loads(str(table))
+    return json.loads(Path(str(table)).read_text())
 
 
 def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:

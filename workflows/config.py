@@ -23,7 +23,13 @@ from typing import Any
 
 import yaml
 
+from settings.bootstrap import BootstrapConfig
 from settings.checks import FieldError, check_fields
+from settings.curate import CurateConfig
+from settings.evaluate import EvalConfig
+from settings.rollout import RolloutConfig
+from settings.score import ScoreConfig
+from settings.train import TrainConfig
 
 
 class ConfigError(ValueError):
@@ -62,14 +68,6 @@ class DriverConfig:
 
 
 def _stage_classes() -> dict[str, type]:
-    # Imported lazily: the task modules pull in flyte, and `dapo --help` must stay light.
-    from settings.bootstrap import BootstrapConfig
-    from settings.curate import CurateConfig
-    from settings.evaluate import EvalConfig
-    from settings.rollout import RolloutConfig
-    from settings.score import ScoreConfig
-    from settings.train import TrainConfig
-
     return {
         "run": DriverConfig,
         "curate": CurateConfig,
@@ -86,12 +84,12 @@ class RunConfig:
     """Every stage's config for one run; built by :func:`load_config`."""
 
     run: DriverConfig
-    curate: Any
-    bootstrap: Any
-    rollout: Any
-    score: Any
-    train: Any
-    evaluate: Any
+    curate: CurateConfig
+    bootstrap: BootstrapConfig
+    rollout: RolloutConfig
+    score: ScoreConfig
+    train: TrainConfig
+    evaluate: EvalConfig
     source: str = ""  # the YAML file it came from (for messages and the run record)
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import math
 import platform
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from tasks.evaluate import evaluate
 from tasks.rollout import rollout
 from tasks.score import score
 from tasks.train import train
-from workflows.config import RunConfig, config_from_dict
+from workflows.config import RunConfig
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
 from workflows.run_binding import check_run_record
@@ -229,21 +229,31 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
         checkpoints.clean_stale_staging(layout.checkpoints_dir)
 
 
-@cpu_env.task(report=True)
-async def dapo_pipeline(config_json: str, run_dir: str, config_source: str = "") -> str:
-    """Run or resume the DAPO pipeline into ``run_dir``; returns ``summary.json``'s content.
+@dataclass(frozen=True)
+class RunOutcome:
+    """What ``dapo_pipeline`` returns (the Flyte UI shows it); the whole summary is ``summary_path``."""
 
-    ``config_json`` is ``RunConfig.to_dict()`` as JSON; ``config_source`` names the YAML it came
-    from (recorded only).
-    """
+    summary_path: str  # <run>/summary.json
+    report_path: str  # <run>/report/index.html
+    steps_done: int
+    accuracy_before: float  # held-out avg@k of the step-0 policy
+    accuracy_after: float  # held-out avg@k of the final checkpoint
+    final_checkpoint: str
+
+
+@cpu_env.task(report=True)
+async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
+    """Run or resume the DAPO pipeline described by ``run_config`` (every stage's settings, a typed
+    input: the Flyte UI shows each field) into ``run_dir``."""
     started = time.perf_counter()
-    cfg = config_from_dict(json.loads(config_json), source=config_source or "dapo_pipeline input")
     layout = RunLayout(run_dir)
-    start_run_folder(cfg, layout)
-    prepared = await prepare_run(cfg, layout)
-    summary = await train_and_report(cfg, layout, prepared, started=started)
+    start_run_folder(run_config, layout)
+    prepared = await prepare_run(run_config, layout)
+    summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
-    return json.dumps(summary, sort_keys=True)
+    return RunOutcome(summary_path=str(layout.summary), report_path=summary["report"], steps_done=summary["steps_done"],
+                      accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
+                      final_checkpoint=summary["final_checkpoint"])
 
 
 def step_group(step: int) -> str:

@@ -94,15 +94,14 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     with hold_run_folder(run_store.local_path(layout.root)):
         record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
         check_run_record(str(layout.root), record, config.to_dict())
-        summary_text = run_driver_locally(
+        outcome = run_driver_locally(
             layout, driver.dapo_pipeline,
             interrupted=lambda: (f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
                                  f"{layout.root}; nothing half-published: re-run the same command to resume"),
-            config_json=json.dumps(config.to_dict(), sort_keys=True),
+            run_config=config,
             run_dir=str(layout.root),
-            config_source=config.source,
         )
-    return json.loads(str(summary_text))
+    return json.loads(run_store.read_text(outcome.summary_path))
 
 
 def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[], str], **inputs: Any) -> Any:
