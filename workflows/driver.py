@@ -20,6 +20,7 @@ import flyte
 import flyte.report
 import pyarrow as pa
 import pyarrow.compute as pc
+from flyte.io import Dir, File
 
 import schemas
 from dapo_core.intervals import paired_change
@@ -231,14 +232,15 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What ``dapo_pipeline`` returns (the Flyte UI shows it); the whole summary is ``summary_path``."""
+    """What ``dapo_pipeline`` returns. The Flyte UI shows the numbers and links the files, which
+    stay where the run folder has them (referenced, not copied)."""
 
-    summary_path: str  # <run>/summary.json
-    report_path: str  # <run>/report/index.html
+    summary: File  # <run>/summary.json: every figure of the run
+    report: File  # <run>/report/index.html: the run page
+    final_checkpoint: Dir  # <run>/checkpoints/step-NNNN: the trained policy (weights + tokenizer)
     steps_done: int
     accuracy_before: float  # held-out avg@k of the step-0 policy
     accuracy_after: float  # held-out avg@k of the final checkpoint
-    final_checkpoint: str
 
 
 @cpu_env.task(report=True)
@@ -251,9 +253,11 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     prepared = await prepare_run(run_config, layout)
     summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
-    return RunOutcome(summary_path=str(layout.summary), report_path=summary["report"], steps_done=summary["steps_done"],
-                      accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
-                      final_checkpoint=summary["final_checkpoint"])
+    return RunOutcome(
+        summary=File.from_existing_remote(str(layout.summary)), report=File.from_existing_remote(summary["report"]),
+        final_checkpoint=Dir.from_existing_remote(summary["final_checkpoint"]), steps_done=summary["steps_done"],
+        accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
+    )
 
 
 def step_group(step: int) -> str:

@@ -101,7 +101,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
             run_config=config,
             run_dir=str(layout.root),
         )
-    return json.loads(run_store.read_text(outcome.summary_path))
+    return json.loads(run_store.read_text(outcome.summary.path))
 
 
 def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[], str], **inputs: Any) -> Any:
