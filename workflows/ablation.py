@@ -32,7 +32,7 @@ from storage import run_store
 from storage.run_layout import RunLayout
 from workflows.config import RunConfig, config_from_dict, load_config
 from workflows.pipeline import RunInterrupted, exit_interrupted, run_driver_locally
-from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
+from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
 
 
 @dataclass(frozen=True)
@@ -195,19 +195,14 @@ def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], r
 
 def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:
     """Refuse (:class:`RunFolderError`) a ladder folder whose shared or rung runs hold another config."""
-    check_run_record(str(ladder_dir / "shared"), _record(RunLayout(ladder_dir / "shared")), config.to_dict())
+    check_run_folder(RunLayout(ladder_dir / "shared"), config.to_dict())
     all_rungs = ladder(config)
     for index in rungs:
         settings = rung_settings(all_rungs, index)
         for seed in seeds:
             layout = RunLayout(ladder_dir / all_rungs[index].slug / f"seed-{seed}")
             cfg = rung_config(config, settings, seed=seed, name=f"{config.run.name}-{all_rungs[index].slug}-seed{seed}")
-            check_run_record(str(layout.root), _record(layout), cfg.to_dict())
-
-
-def _record(layout: RunLayout) -> dict[str, Any] | None:
-    path = Path(layout.run_record)
-    return json.loads(path.read_text()) if path.is_file() else None
+            check_run_folder(layout, cfg.to_dict())
 
 
 def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int] | None = None

@@ -41,7 +41,7 @@ from tasks.train import train
 from workflows.config import RunConfig
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
-from workflows.run_binding import check_run_record
+from workflows.run_binding import check_run_folder
 from workflows.seeds import derive_seed
 from workflows.step_loop import (
     GeneratedRound,
@@ -220,8 +220,7 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     CLIs check this before starting Flyte, with a one-line message; this guards a driver task
     launched any other way (the Flyte UI, a cluster).
     """
-    if run_store.exists(layout.run_record):
-        check_run_record(str(layout.root), json.loads(run_store.read_text(layout.run_record)), cfg.to_dict())
+    check_run_folder(layout, cfg.to_dict())
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver

@@ -30,7 +30,7 @@ import flyte
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows.config import RunConfig, load_config
-from workflows.run_binding import RunFolderError, check_run_record, hold_run_folder
+from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
 from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
@@ -92,8 +92,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
         Path(layout.root).mkdir(parents=True, exist_ok=True)
     # For an object-store root the lock is on this machine's mirror of the run folder.
     with hold_run_folder(run_store.local_path(layout.root)):
-        record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
-        check_run_record(str(layout.root), record, config.to_dict())
+        check_run_folder(layout, config.to_dict())
         outcome = run_driver_locally(
             layout, driver.dapo_pipeline,
             interrupted=lambda: (f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "

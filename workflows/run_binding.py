@@ -31,6 +31,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from storage import run_store
+from storage.run_layout import RunLayout
+
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
 RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)"}
@@ -74,6 +77,12 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
             "start a new run with --set run.name=NEW_NAME or another --run-root "
             f"(resuming allows only: run.steps {RESUMABLE['run.steps']})"
         )
+
+
+def check_run_folder(layout: RunLayout, wanted: dict[str, Any]) -> None:
+    """:func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an object store), if it has one."""
+    record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
+    check_run_record(str(layout.root), record, wanted)
 
 
 # ----------------------------------------------------------------------------- the lock
