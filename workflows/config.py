@@ -1,7 +1,8 @@
 """Run configs: YAML files in configs/ loaded into the stage dataclasses, with CLI overrides.
 
 A run config has one section per stage (``curate``, ``bootstrap``, ``rollout``, ``score``,
-``train``, ``evaluate``) plus ``run`` for the driver loop. Each section becomes that stage's
+``train``, ``evaluate``) plus ``run`` for the driver loop and ``tracking`` for the experiment
+trackers (which record, never change, what is computed: :data:`NOT_COMPUTED`). Each section becomes that stage's
 frozen dataclass (settings/); ``--set section.field=value`` overrides one field
 (the value is parsed as YAML, so ``--set train.lr=3e-4`` is a float). Unknown sections or
 fields, and values of the wrong type, are errors that name the file and the field. Settings
@@ -46,8 +47,6 @@ class DriverConfig:
     on_max_rounds: str = "train_on_partial"  # when rounds run out short: "raise", or "train_on_partial" (train on the groups found; none found: the step is skipped, policy kept, trained_groups=0)
     eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
     seed: int = 0  # root seed: problem order and every rollout seed derive from it
-    keep_optimizer_checkpoints: int = 0  # retention: only the last K checkpoints keep their optimizer state (ds_state/) and weights; the driver prunes older ones after each step (storage/retention_policy.py); 0 = keep every checkpoint whole
-    keep_weights_every_steps: int = 0  # retention: checkpoints older than the last K keep their weights only at steps divisible by M; 0 = all weights (needs keep_optimizer_checkpoints >= 1)
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -60,10 +59,6 @@ class DriverConfig:
             "max_rounds": (self.max_rounds >= 1, "must be >= 1"),
             "on_max_rounds": (self.on_max_rounds in ON_MAX_ROUNDS, f"must be one of {list(ON_MAX_ROUNDS)}"),
             "eval_every_steps": (self.eval_every_steps >= 0, "must be >= 0 (0 = only before and after)"),
-            "keep_optimizer_checkpoints": (self.keep_optimizer_checkpoints >= 0, "must be >= 0 (0 = keep every checkpoint whole)"),
-            "keep_weights_every_steps": (
-                self.keep_weights_every_steps >= 0 and (self.keep_weights_every_steps == 0 or self.keep_optimizer_checkpoints >= 1),
-                "must be >= 0, and > 0 only with run.keep_optimizer_checkpoints >= 1 (0 keeps every checkpoint whole)"),
         })
 
 
@@ -74,6 +69,7 @@ def _stage_classes() -> dict[str, type]:
     from settings.evaluate import EvalConfig
     from settings.rollout import RolloutConfig
     from settings.score import ScoreConfig
+    from settings.tracking import TrackingConfig
     from settings.train import TrainConfig
 
     return {
@@ -84,7 +80,13 @@ def _stage_classes() -> dict[str, type]:
         "score": ScoreConfig,
         "train": TrainConfig,
         "evaluate": EvalConfig,
+        "tracking": TrackingConfig,
     }
+
+
+# Sections that say where results are recorded, not what is computed: outside RunConfig.digest()
+# and outside the run-folder binding (a resumed run may turn a tracker on).
+NOT_COMPUTED = ("tracking",)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class RunConfig:
     score: Any
     train: Any
     evaluate: Any
+    tracking: Any
     source: str = ""  # the YAML file it came from (for messages and the run record)
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,8 +108,10 @@ class RunConfig:
         return out
 
     def digest(self) -> str:
-        """A short hash of every field: two runs with the same digest compute the same things."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        """A short hash of every field that changes results (all but :data:`NOT_COMPUTED`): two runs
+        with the same digest compute the same things."""
+        computed = {k: v for k, v in self.to_dict().items() if k not in NOT_COMPUTED}
+        blob = json.dumps(computed, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 

@@ -7,9 +7,9 @@ refused before any work with the fields that differ. One change is a resume, not
 ``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
 the config and the steps before it, so steps 1..N of a longer run are the steps of the
 shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
-and summary than the config would describe. The retention fields (``run.keep_*``) may change
-freely: they decide which finished checkpoints' files are deleted, never what a step computes
-(a record written before they existed lacks them).
+and summary than the config would describe. Sections that compute nothing
+(``workflows.config.NOT_COMPUTED``: the trackers) may change freely, and a ``run.json`` written
+before such a section existed still resumes.
 
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
@@ -33,11 +33,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workflows.config import NOT_COMPUTED
+
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
-RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)",
-             "run.keep_optimizer_checkpoints": "may change (retention decides what is stored, not what is computed)",
-             "run.keep_weights_every_steps": "may change (retention decides what is stored, not what is computed)"}
+RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)"}
 
 
 class RunFolderError(RuntimeError):
@@ -54,16 +54,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(section.field, old, new)`` for every field that differs, in sorted order (``RunConfig.to_dict()`` shapes)."""
+    """``(section.field, old, new)`` for every field that differs, in sorted order (``RunConfig.to_dict()``
+    shapes), fields of sections that compute nothing (the trackers) left out."""
     old, new = _flatten(recorded), _flatten(wanted)
+    # Trackers record results and never change them: a resume may turn one on or off.
+    old, new = ({k: v for k, v in d.items() if k.partition(".")[0] not in NOT_COMPUTED} for d in (old, new))
     return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if not _same(old.get(key), new.get(key))]
 
 
 def refusing_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The changes that make ``wanted`` a different run than ``recorded`` (empty: a resume)."""
-    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old,
-               "run.keep_optimizer_checkpoints": lambda old, new: True,
-               "run.keep_weights_every_steps": lambda old, new: True}
+    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old}
     return [(key, old, new) for key, old, new in config_changes(recorded, wanted)
             if not (key in allowed and allowed[key](old, new))]
 
@@ -78,7 +79,7 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
         raise RunFolderError(
             f"run folder {run_dir} holds a run of another config ({listed}); "
             "start a new run with --set run.name=NEW_NAME or another --run-root "
-            f"(resuming allows only: run.steps {RESUMABLE['run.steps']}; run.keep_* (retention) may change)"
+            f"(resuming allows only: run.steps {RESUMABLE['run.steps']})"
         )
 
 
