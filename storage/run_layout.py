@@ -79,5 +79,9 @@ class RunLayout:
         return self._at("eval", f"step-{step:04d}.parquet")
 
     @property
+    def tracking_dir(self) -> str:
+        return self._at("tracking")  # experiment trackers (tracking/): tensorboard/, wandb/, mlflow/, logged.json
+
+    @property
     def report_dir(self) -> str:
         return self._at("report")

@@ -1,7 +1,8 @@
 """Run configs: YAML files in configs/ loaded into the stage dataclasses, with CLI overrides.
 
 A run config has one section per stage (``curate``, ``bootstrap``, ``rollout``, ``score``,
-``train``, ``evaluate``) plus ``run`` for the driver loop. Each section becomes that stage's
+``train``, ``evaluate``) plus ``run`` for the driver loop and ``tracking`` for the experiment
+trackers (which record, never change, what is computed: :data:`NOT_COMPUTED`). Each section becomes that stage's
 frozen dataclass (settings/); ``--set section.field=value`` overrides one field
 (the value is parsed as YAML, so ``--set train.lr=3e-4`` is a float). Unknown sections or
 fields, and values of the wrong type, are errors that name the file and the field. Settings
@@ -29,6 +30,7 @@ from settings.curate import CurateConfig
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from settings.score import ScoreConfig
+from settings.tracking import TrackingConfig
 from settings.train import TrainConfig
 
 
@@ -76,7 +78,13 @@ def _stage_classes() -> dict[str, type]:
         "score": ScoreConfig,
         "train": TrainConfig,
         "evaluate": EvalConfig,
+        "tracking": TrackingConfig,
     }
+
+
+# Sections that say where results are recorded, not what is computed: outside RunConfig.digest()
+# and outside the run-folder binding (a resumed run may turn a tracker on).
+NOT_COMPUTED = ("tracking",)
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class RunConfig:
     score: ScoreConfig
     train: TrainConfig
     evaluate: EvalConfig
+    tracking: TrackingConfig
     source: str = ""  # the YAML file it came from (for messages and the run record)
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,8 +106,10 @@ class RunConfig:
         return out
 
     def digest(self) -> str:
-        """A short hash of every field: two runs with the same digest compute the same things."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        """A short hash of every field that changes results (all but :data:`NOT_COMPUTED`): two runs
+        with the same digest compute the same things."""
+        computed = {k: v for k, v in self.to_dict().items() if k not in NOT_COMPUTED}
+        blob = json.dumps(computed, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 

@@ -38,6 +38,7 @@ from tasks.evaluate import evaluate
 from tasks.rollout import rollout
 from tasks.score import score
 from tasks.train import train
+from tracking.run_tracking import open_tracking
 from workflows.config import RunConfig
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
@@ -278,6 +279,8 @@ class _PipelineStages:
         self.metrics_rows: list[dict[str, Any]] = []
         self.step_seconds: list[float] = []
         self._step_started = time.perf_counter()
+        self.tracking = open_tracking(cfg.tracking, layout.tracking_dir, run_name=cfg.run.name, run_config=cfg.to_dict())
+        self.track()
 
     async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
         cfg, layout = self.cfg, self.layout
@@ -342,6 +345,7 @@ class _PipelineStages:
         every = cfg.run.eval_every_steps
         if every and step % every == 0 and step != cfg.run.steps:
             self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
+        self.track()
         await self.refresh_report()
         self._step_started = time.perf_counter()
 
@@ -354,6 +358,18 @@ class _PipelineStages:
                                           metrics=self.metrics_rows, evals=self.evals, samples=[])
         if self.live_report:
             await flyte.report.replace.aio(inline_page, do_flush=True)
+
+    def track(self) -> None:
+        """Send the steps and evaluations so far to the run's trackers (section ``tracking``); each
+        logs only what it does not hold yet (tracking/state.py), so cache-hit replays log nothing."""
+        if not self.tracking.trackers:
+            return
+        for e in self.evals:
+            if "avg_at_k_ci95_half" not in e:
+                rows = schemas.read_shard(run_store.fetch(self.layout.eval_shard(e["step"])), schemas.EvalResult)
+                per_problem = {r["problem_id"]: r["avg_at_k"] for r in rows.select(["problem_id", "avg_at_k"]).to_pylist()}
+                e["avg_at_k_ci95_half"] = eval_interval(list(per_problem.values()))
+        self.tracking.record(self.metrics_rows, self.evals)
 
     def _metrics_row(self, plan: StepPlan, trained: dict[str, Any], train_s: float) -> dict[str, Any]:
         path = self.layout.metrics_shard(plan.step)
@@ -411,6 +427,8 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
+    stages.track()
+    stages.tracking.close()
     summary = _summary(cfg, layout, prepared, stages, status="finished")
     metrics_rows, evals = stages.metrics_rows, stages.evals
     trained_plans = [p for p in plans if not p.skipped]

@@ -7,7 +7,9 @@ refused before any work with the fields that differ. One change is a resume, not
 ``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
 the config and the steps before it, so steps 1..N of a longer run are the steps of the
 shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
-and summary than the config would describe.
+and summary than the config would describe. Sections that compute nothing
+(``workflows.config.NOT_COMPUTED``: the trackers) may change freely, and a ``run.json`` written
+before such a section existed still resumes.
 
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
@@ -33,6 +35,7 @@ from typing import Any
 
 from storage import run_store
 from storage.run_layout import RunLayout
+from workflows.config import NOT_COMPUTED
 
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
@@ -53,8 +56,11 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(section.field, old, new)`` for every field that differs, in sorted order (``RunConfig.to_dict()`` shapes)."""
+    """``(section.field, old, new)`` for every field that differs, in sorted order (``RunConfig.to_dict()``
+    shapes), fields of sections that compute nothing (the trackers) left out."""
     old, new = _flatten(recorded), _flatten(wanted)
+    # Trackers record results and never change them: a resume may turn one on or off.
+    old, new = ({k: v for k, v in d.items() if k.partition(".")[0] not in NOT_COMPUTED} for d in (old, new))
     return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if not _same(old.get(key), new.get(key))]
 
 

@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "storage": 2,  # run store (filesystem / object store), digests, checkpoints, run layout
     "readers": 3,  # raw problem sources: files, Hugging Face folders, synthetic problems
     "infra": 3,  # task environments, images, cache versions, DeepSpeed config, sizing
+    "tracking": 3,  # experiment trackers: TensorBoard, W&B offline, MLflow file store
     "engines": 4,  # the work: curation, vLLM rollout, scoring, DeepSpeed training, evaluation
     "tasks": 5,  # the Flyte tasks: read inputs, call an engine, write outputs
     "workflows": 6,  # the driver, configs, CLI, lineage, reports
