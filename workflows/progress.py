@@ -221,12 +221,11 @@ class LiveProgress:
         timing = f"elapsed {format_duration(now - self._timing.started)}"
         if eta is not None:
             timing += f"  ETA ~{format_duration(max(0.0, eta - (now - eta_at)))}"
+        title = Text.assemble(("DAPO ", "bold"), (run or "run", "bold cyan"), f"  {stage}   ", (timing, "dim"))
         grid = Table.grid(padding=(0, 1))
-        grid.add_column(min_width=12)
+        grid.add_column(min_width=10)
         grid.add_column(width=40)
         grid.add_column()
-        title = Text.assemble(("DAPO ", "bold"), (run or "run", "bold cyan"), f"  {stage}")
-        grid.add_row(title, "", Text(timing, style="dim"))
         if steps:
             grid.add_row("steps", ProgressBar(total=steps, completed=done, width=40), f"{done}/{steps}")
         if work is not None and work[2] > 0:
@@ -239,9 +238,7 @@ class LiveProgress:
         if evaluated is not None:
             step, summary = evaluated
             facts.append(f"held-out avg@{summary['k']} {summary['avg_at_k']:.1%} (step {step})")
-        if not facts:
-            return grid
-        return Group(grid, Text("   ".join(facts)))
+        return Group(title, grid, *([Text("   ".join(facts))] if facts else []))
 
 
 _current: Progress = PlainProgress()
