@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
+from engines import work_progress
 from engines.tiny_policy import render_prompt
 from readers.synthetic import make_problem, worked_solution
 
@@ -219,6 +220,8 @@ def warm_up(
         batch = [train_examples[rng.randrange(len(train_examples))] for _ in range(batch_size)]
         loss = _supervised_step(model, tokenizer, optimizer, batch)
         step += 1
+        # Most runs stop early, inside the accuracy band: max_steps is the bar's end at worst.
+        work_progress.report("warm-up", step, max_steps)
         if step % eval_every_steps == 0 or step == max_steps:
             accuracy = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=max_new_tokens)
             history.append((step, accuracy))

@@ -62,12 +62,12 @@ def _has_cuda() -> bool:
 def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout_s: float, step: int) -> None:
     spec_path = work_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    log_path = work_dir / "worker.log"
     cmd = train_server.torchrun_command(num_processes, spec_path)
-    with log_path.open("w") as log:
+    log = train_server.WorkerLog.open(work_dir, f"DeepSpeed workers: step {step}, {num_processes} rank(s), one-off launch")
+    with log.path.open("ab") as handle:
         # Own session, and on timeout torchrun and every rank (each in a session of its own) are
         # killed: none orphaned (train_server.kill_tree).
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_worker_env(num_processes), stdout=log,
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=_worker_env(num_processes), stdout=handle,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             proc.wait(timeout=timeout_s)
@@ -82,7 +82,7 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
         if errors:
             first_line = errors[0].read_text().splitlines()[0]
             raise TrainStepError(f"step {step}: training failed: {first_line} (nothing published)")
-        tail = "\n".join(log_path.read_text().splitlines()[-30:])
+        tail = log.tail(30)
         raise TrainStepError(f"step {step}: training workers exited with {proc.returncode} (nothing published):\n{tail}")
 
 

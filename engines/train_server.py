@@ -70,6 +70,42 @@ class GroupTimeout(RuntimeError):
     """The request ran past its time limit; the group was killed."""
 
 
+# Set by `dapo run` (workflows/run_output.py): the run's log file, where the workers' stdout and
+# stderr are appended. Unset, each launch writes a worker.log in its own temp folder (removed after).
+LOG_FILE_ENV = "DAPO_LOG_FILE"
+
+
+@dataclass(frozen=True)
+class WorkerLog:
+    """Where one launch's workers write (their stdout and stderr), and where their output begins."""
+
+    path: Path
+    start: int  # byte offset of this launch's first line (the run's log file is shared)
+
+    @staticmethod
+    def open(folder: Path, title: str) -> WorkerLog:
+        """The run's log file (``LOG_FILE_ENV``) after a ``title`` line, else a fresh ``folder/worker.log``."""
+        shared = os.environ.get(LOG_FILE_ENV)
+        if not shared:
+            path = folder / "worker.log"
+            path.write_bytes(b"")
+            return WorkerLog(path=path, start=0)
+        path = Path(shared)
+        with path.open("ab") as handle:  # O_APPEND: whole lines from several writers stay whole
+            handle.write(f"---- {title} ({time.strftime('%Y-%m-%d %H:%M:%S')}) ----\n".encode())
+            return WorkerLog(path=path, start=handle.tell())
+
+    def tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines written since this launch began (for an error message)."""
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.start)
+                text = handle.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
 @dataclass
 class WorkerGroup:
     """One torchrun launch in serve mode, owned by the process that started it."""
@@ -79,7 +115,7 @@ class WorkerGroup:
     serve_dir: Path
     proc: subprocess.Popen[bytes]
     owner_pid: int
-    log_path: Path
+    log: WorkerLog
     started_s: float  # time.perf_counter() at launch
     next_request: int = 0
     ready: bool = False  # every rank acknowledged a request once (the group finished starting)
@@ -160,10 +196,7 @@ class WorkerGroup:
         kill_tree(self.proc)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.log.tail(lines)
 
     def _wait_exit(self, timeout_s: float) -> None:
         try:
@@ -223,14 +256,14 @@ def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], en
     spec = {**engine_spec, "metrics_path": "", "error_path": "", "serve_dir": str(serve_dir), "owner_pid": owner, "owner_start_ticks": process_start_ticks(owner)}
     spec_path = serve_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    log_path = serve_dir / "worker.log"
     cmd = torchrun_command(num_processes, spec_path)
-    with log_path.open("w") as log:
+    log = WorkerLog.open(serve_dir, f"DeepSpeed workers: warm group of {num_processes} rank(s), pid {owner}")
+    with log.path.open("ab") as handle:
         # Own session, so a timeout kills torchrun and every rank at once (as the cold path does).
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return WorkerGroup(key=key, num_processes=num_processes, serve_dir=serve_dir, proc=proc, owner_pid=owner,
-                       log_path=log_path, started_s=time.perf_counter())
+                       log=log, started_s=time.perf_counter())
 
 
 _lock = threading.RLock()  # Flyte may run tasks in threads; one request at a time per group

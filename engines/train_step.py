@@ -45,7 +45,13 @@ from engines import train_batch as tb
 from engines.train_checkpoint import ds_state_matches, load_ds_state, save_and_export
 from engines.train_dist import all_reduce_scalars, rank_device
 from engines.train_engine import build_engine, forward_log_probs, probe_logits
-from engines.train_plan import MicroPlan, StepBatch, load_step_batch, rank_plan, step_mini_batches
+from engines.train_plan import (
+    MicroPlan,
+    StepBatch,
+    load_step_batch,
+    rank_plan,
+    step_mini_batches,
+)
 from engines.train_spec import TrainStepFailure, WorkerSpec
 
 # Per-token fractions of policy_loss's metrics, summed weighted by each micro-batch's token count.

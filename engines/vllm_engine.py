@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from engines import work_progress
 from engines.threads import cpu_threads as resolve_cpu_threads
 
 if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
@@ -265,7 +266,10 @@ def generate(
     total = len(prompt_token_ids)
     for start in range(0, total, chunk_requests):
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids[start : start + chunk_requests]]
-        chunk = llm.generate(prompts, list(sampling_params[start : start + chunk_requests]), use_tqdm=False)
+        # vLLM counts finished requests through a tqdm bar it is given: one that reports to the
+        # listeners (engines/work_progress.py) and draws nothing. No listener, no bar.
+        bar = _reporting_bar(done_before=len(outputs), total=total) if work_progress.listening() else False
+        chunk = llm.generate(prompts, list(sampling_params[start : start + chunk_requests]), use_tqdm=bar)
         outputs.extend(chunk)
         tokens += sum(len(c.token_ids) for out in chunk for c in out.outputs)
         elapsed = time.perf_counter() - started
@@ -276,3 +280,32 @@ def generate(
             flush=True,
         )
     return outputs
+
+
+def _reporting_bar(*, done_before: int, total: int) -> Any:
+    """A tqdm class for ``LLM.generate(use_tqdm=...)`` that reports requests done to
+    ``work_progress`` (as ``generation``, counted over all chunks) and writes nothing."""
+    from tqdm import tqdm
+
+    class ReportingBar(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.update(file=_NullText(), mininterval=3600.0)
+            super().__init__(*args, **kwargs)
+            work_progress.report("generation", done_before, total)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            shown = super().update(n)
+            work_progress.report("generation", done_before + int(self.n), total)
+            return shown
+
+    return ReportingBar
+
+
+class _NullText:
+    """A text stream that drops what is written (tqdm's output when only its counts matter)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass

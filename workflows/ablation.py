@@ -30,8 +30,14 @@ from typing import Any
 from infra.environments import cpu_env
 from storage import run_store
 from storage.run_layout import RunLayout
+from workflows import progress
 from workflows.config import RunConfig, config_from_dict, load_config
-from workflows.pipeline import RunInterrupted, exit_interrupted, run_driver_locally
+from workflows.pipeline import (
+    RunInterrupted,
+    add_verbose_argument,
+    exit_interrupted,
+    run_driver_locally,
+)
 from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
 
 
@@ -165,8 +171,8 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
             summary = await train_and_report(cfg, layout, prepared, started=t0, live_report=False)
             summary.pop("_inline_report")
             runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
-            print(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
-                  f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}", flush=True)
+            progress.note(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
+                          f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}")
         results.append(_rung_result(all_rungs, index, runs))
     table, inline_page = write_ablation(root, results, base=base, seconds=time.perf_counter() - started)
     await flyte.report.replace.aio(inline_page, do_flush=True)
@@ -175,11 +181,9 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
-    if run_store.is_remote(run_root):
-        raise ValueError(f"{run_root}: the ablation ladder needs a filesystem run root, not an object store")
-    layout = RunLayout(Path(run_root).resolve() / f"{config.run.name}-ladder")
+    layout = RunLayout(ladder_folder(config, run_root))
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
-    with hold_run_folder(layout.root):
+    with hold_run_folder(layout.root, note=lambda line: progress.note(line, warning=True)):
         check_ladder_records(config, Path(layout.root), seeds=seeds, rungs=indices)
         table = run_driver_locally(
             layout, dapo_ablation,
@@ -191,6 +195,13 @@ def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], r
             rungs=indices,
         )
     return json.loads(Path(str(table)).read_text())
+
+
+def ladder_folder(config: RunConfig, run_root: str | Path) -> Path:
+    """``<run_root>/<run name>-ladder``: the shared run, one run folder per rung and seed, the table."""
+    if run_store.is_remote(run_root):
+        raise ValueError(f"{run_root}: the ablation ladder needs a filesystem run root, not an object store")
+    return Path(run_root).resolve() / f"{config.run.name}-ladder"
 
 
 def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:
@@ -234,6 +245,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-root", default="runs", help="the ladder folder is <run-root>/<run name>-ladder")
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: rebuild ablation.json, the table and curves from the finished runs")
+    add_verbose_argument(parser)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -243,7 +255,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.report_only:
         from workflows.ablation_report import write_ablation
 
-        ladder_dir = Path(args.run_root).resolve() / f"{config.run.name}-ladder"
+        ladder_dir = ladder_folder(config, args.run_root)
         try:
             results = collect_results(config, ladder_dir, seeds=args.seeds, rungs=args.rungs)
         except FileNotFoundError as err:
@@ -252,8 +264,12 @@ def run_cli(args: argparse.Namespace) -> int:
         seconds = sum(run["summary"]["wall_seconds"] for r in results for run in r["runs"])  # of the runs
         table, _ = write_ablation(ladder_dir, results, base=config, seconds=seconds)
     else:
+        from workflows.run_output import LOG_NAME, run_output
+
+        log = ladder_folder(config, args.run_root) / LOG_NAME
         try:
-            table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
+            with run_output(log, command="ablate", verbose=args.verbose):
+                table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
         except RunFolderError as err:
             print(f"dapo ablate: {err}", file=sys.stderr)
             return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 
 # subcommand -> (module, one-line help)
@@ -98,9 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A full disk reaches here wrapped by Flyte, DeepSpeed or a worker's error file; say it
         # in one line with the path (schemas/disk_space.py words it), not as a page of traceback.
         line = disk_full_line(err)
-        if line is None:
-            raise
-        print(f"dapo {args.command}: {line}", file=sys.stderr)
+        if line is not None:
+            print(f"dapo {args.command}: {line}", file=sys.stderr)
+            return 1
+        # Any other failure: its whole traceback on stderr, with its notes (`dapo run` adds the
+        # failing Flyte task's own traceback and the run's log file: workflows/run_output.py).
+        # Printed here, not by sys.excepthook: Flyte's replacement drops the notes and prints to stdout.
+        traceback.print_exception(err, file=sys.stderr)
         return 1
 
 

@@ -39,6 +39,7 @@ from tasks.rollout import rollout
 from tasks.score import score
 from tasks.train import train
 from tracking.run_tracking import open_tracking
+from workflows import progress
 from workflows.config import RunConfig
 from workflows.problem_order import check_pool_size
 from workflows.report import eval_interval, nan_to_none, write_report
@@ -52,14 +53,6 @@ from workflows.step_loop import (
     run_steps,
 )
 from workflows.verified_calls import call_verified
-
-# Where the driver is, for the Ctrl-C message of `dapo run` (the driver runs in its process).
-PROGRESS: dict[str, str] = {}
-
-
-def _at(where: str) -> None:
-    PROGRESS["at"] = where
-    print(f"[run] {where} ...", flush=True)
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:
@@ -80,11 +73,6 @@ def _round_groups(scored_path: str, step: int) -> list[tuple[str, str, GroupRef]
 
 def _problem_ids(paths: list[str]) -> list[str]:
     return schemas.read_shards(run_store.fetch_all(paths), schemas.Problem).column("problem_id").to_pylist()
-
-
-def _fmt3(value: float | None) -> str:
-    """A metric for the step line: a NaN written to the metrics shard reads back as None."""
-    return "nan" if value is None else f"{value:.3f}"
 
 
 def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
@@ -112,10 +100,11 @@ def _held_out_intervals(layout: RunLayout, evals: list[dict[str, Any]]) -> dict[
 
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
-    PROGRESS["at"] = f"the evaluation of step {step}"
+    progress.stage(f"the evaluation of step {step}", quiet=True)
     out = str(layout.eval_shard(step))
     summary = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
                                   upstream=[checkpoint, layout.curate_dir])
+    progress.eval_done(step, asdict(summary))
     return {"step": step, **asdict(summary)}
 
 
@@ -174,7 +163,8 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
 async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     """Curate, build the step-0 policy and evaluate it; returns what ``train_and_report`` starts from."""
     drv = cfg.run
-    _at("curation")
+    progress.begin(drv.name, drv.steps)
+    progress.stage("curation")
     curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate,
                                   upstream=[spec.rsplit("@", 1)[0] for spec in drv.data])
     train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
@@ -191,7 +181,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     # context length are known from the bootstrap source without building the policy).
     with tempfile.TemporaryDirectory(prefix="dapo-tokenizer-") as scratch:
         _check_prompt_lengths(cfg, policy_tokenizer_folder(cfg.bootstrap.source, Path(scratch)), train_paths, test_paths)
-    _at("the step-0 policy (bootstrap warm-up)")
+    progress.stage("the step-0 policy (bootstrap warm-up)")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
                                      cfg.bootstrap, upstream=[layout.curate_dir])
     return {
@@ -285,7 +275,7 @@ class _PipelineStages:
     async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
         cfg, layout = self.cfg, self.layout
         rollout_path = str(layout.rollout_shard(step, generation_round))
-        PROGRESS["at"] = f"step {step}/{cfg.run.steps} (rollout round {generation_round})"
+        progress.stage(f"step {step}/{cfg.run.steps} (rollout round {generation_round})", quiet=True)
         with flyte.group(step_group(step)):  # the Flyte UI shows each DAPO step as one unit
             return await self._generate(step, generation_round, problem_ids, rollout_path)
 
@@ -315,7 +305,7 @@ class _PipelineStages:
     async def _train(self, plan: StepPlan) -> None:
         cfg, layout, step = self.cfg, self.layout, plan.step
         result = plan.result
-        PROGRESS["at"] = f"step {step}/{cfg.run.steps} (training)"
+        progress.stage(f"step {step}/{cfg.run.steps} (training)", quiet=True)
         t = time.perf_counter()
         if plan.skipped:
             trained = _skipped_step(step, self.checkpoint)
@@ -336,12 +326,10 @@ class _PipelineStages:
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(nan_to_none(row))
         self.step_seconds.append(time.perf_counter() - self._step_started)
-        print(
-            f"[step {step}/{cfg.run.steps}] rounds={result.rounds} groups={len(result.kept)} ({result.outcome}) "
-            f"samples={row['samples']} acc={_fmt3(row['accuracy'])} reward={_fmt3(row['reward_mean'])} "
-            f"entropy={_fmt3(row['entropy'])} ({self.step_seconds[-1]:.1f} s)",
-            flush=True,
-        )
+        progress.step_done(progress.StepReport(
+            step=step, steps=cfg.run.steps, rounds=result.rounds, groups=len(result.kept), outcome=result.outcome,
+            samples=row["samples"], accuracy=row["accuracy"], reward=row["reward_mean"], entropy=row["entropy"],
+            seconds=self.step_seconds[-1]))
         every = cfg.run.eval_every_steps
         if every and step % every == 0 and step != cfg.run.steps:
             self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
@@ -422,6 +410,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     """
     drv = cfg.run
     stages = _PipelineStages(cfg, layout, prepared, started=started, live_report=live_report)
+    progress.begin(drv.name, drv.steps)
     settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
                             max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
     plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)

@@ -29,8 +29,10 @@ import flyte
 
 from storage import run_store
 from storage.run_layout import RunLayout
+from workflows import progress
 from workflows.config import RunConfig, load_config
 from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
+from workflows.run_output import log_file, run_output
 from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
@@ -66,8 +68,8 @@ def init_flyte_for_run(layout: RunLayout) -> Path:
         _reader.get_config_file.cache_clear()
     for shadow in (Path("config.yaml"), Path(".flyte") / "config.yaml"):
         if shadow.exists():
-            print(f"warning: {shadow} in the current folder takes precedence over the run's Flyte config; "
-                  "the local cache will live next to it instead of in the run folder", file=sys.stderr)
+            progress.note(f"warning: {shadow} in the current folder takes precedence over the run's Flyte config; "
+                          "the local cache will live next to it instead of in the run folder", warning=True)
     flyte.init_from_config(str(path.resolve()))
     return path
 
@@ -85,22 +87,27 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
     """
     from workflows import driver
 
-    if run_store.is_remote(run_root):
-        layout = RunLayout(run_store.join(str(run_root), config.run.name))
-    else:
-        layout = RunLayout(Path(run_root).resolve() / config.run.name)
+    layout = run_layout(config, run_root)
+    if not run_store.is_remote(run_root):
         Path(layout.root).mkdir(parents=True, exist_ok=True)
     # For an object-store root the lock is on this machine's mirror of the run folder.
-    with hold_run_folder(run_store.local_path(layout.root)):
+    with hold_run_folder(run_store.local_path(layout.root), note=lambda line: progress.note(line, warning=True)):
         check_run_folder(layout, config.to_dict())
         outcome = run_driver_locally(
             layout, driver.dapo_pipeline,
-            interrupted=lambda: (f"interrupted during {driver.PROGRESS.get('at', 'start-up')} of run folder "
+            interrupted=lambda: (f"interrupted during {progress.where()} of run folder "
                                  f"{layout.root}; nothing half-published: re-run the same command to resume"),
             run_config=config,
             run_dir=str(layout.root),
         )
     return json.loads(run_store.read_text(outcome.summary.path))
+
+
+def run_layout(config: RunConfig, run_root: str | Path) -> RunLayout:
+    """The run folder of ``config`` under ``run_root`` (a path, made absolute, or an object-store URI)."""
+    if run_store.is_remote(run_root):
+        return RunLayout(run_store.join(str(run_root), config.run.name))
+    return RunLayout(Path(run_root).resolve() / config.run.name)
 
 
 def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[], str], **inputs: Any) -> Any:
@@ -163,6 +170,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one config field, e.g. --set run.steps=2 (repeatable)")
     parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT,
                         help="folder or object-store URI (s3://bucket/runs) holding run folders (default: %(default)s)")
+    add_verbose_argument(parser)
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verbose", action="store_true",
+                        help="print everything (vLLM, DeepSpeed, Flyte logs, warnings) on the terminal instead of "
+                             "logs/dapo.log in the run folder, and progress as plain lines")
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -177,7 +191,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  steps: {summary['steps']}   wall time: {summary['wall_seconds']:.1f} s"
         + (f"   (step mean {sum(summary['step_seconds']) / len(summary['step_seconds']):.1f} s)" if summary["step_seconds"] else ""),
         f"  final checkpoint: {summary['final_checkpoint']}",
-        f"  run folder: {summary['run_dir']}  (summary.json, report/index.html)",
+        f"  run folder: {summary['run_dir']}  (summary.json, report/index.html, logs/dapo.log)",
         f"  lineage: dapo lineage {summary['run_dir']} --step {summary['steps']} | head -1",
     ]
     return "\n".join(lines)
@@ -185,8 +199,10 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
+    log = log_file(run_layout(config, args.run_root))
     try:
-        summary = run_pipeline(config, args.run_root)
+        with run_output(log, command="run", verbose=args.verbose):
+            summary = run_pipeline(config, args.run_root)
     except RunFolderError as err:
         print(f"dapo run: {err}", file=sys.stderr)
         return 2

@@ -12,11 +12,11 @@ original cache entry and find them intact. What cannot be re-made is an error na
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from storage import digests
+from workflows import progress
 
 
 class DamagedOutputError(RuntimeError):
@@ -42,8 +42,7 @@ async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream:
     if not problems:
         return result
     name = getattr(task, "short_name", None) or task.name
-    print(f"[verify] {name}: outputs not intact, making them again:\n  " + "\n  ".join(problems),
-          file=sys.stderr, flush=True)
+    progress.note(f"[verify] {name}: outputs not intact, making them again:\n  " + "\n  ".join(problems), warning=True)
     for path in outputs:
         digests.forget(path)
     result = await task.override(cache="disable").aio(*args)

@@ -50,10 +50,8 @@ def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_c
     assert stop_s < 10, f"took {stop_s:.1f} s to stop"
     tail = [line for line in stderr.splitlines() if line.strip()]
     assert "Traceback" not in stderr, stderr[-3000:]
-    # What is printed after the last progress line (the rollout that fed step 1) is the stop itself.
-    last_progress = max(i for i, line in enumerate(tail) if line.startswith("["))
-    shutdown = tail[last_progress + 1:]
-    assert len(shutdown) <= 3 and "cold launch" not in stderr, shutdown
+    # Progress goes to stdout and the libraries' chatter to the run's log file: stderr is the stop itself.
+    assert len(tail) <= 3 and "cold launch" not in stderr, tail
     assert "dapo run: interrupted during step 1/2 (training)" in tail[-1] and "re-run" in tail[-1], tail[-1]
     # Nothing new published: no step-1 checkpoint, no step-1 metrics; the staging copy is hidden.
     assert not checkpoints.is_complete(layout.checkpoint(1))
@@ -86,3 +84,21 @@ def test_a_prompt_too_long_for_the_context_stops_the_run_after_curation(tmp_path
     assert not Path(layout.root, "steps").exists() and not Path(layout.eval_shard(0)).exists()  # no rollout, no eval
     assert not Path(layout.checkpoint(0)).exists()  # refused right after curation, before the warm-up
     print(f"refused after {time.monotonic() - started:.1f} s (curation only)")
+
+
+def test_a_failing_stage_prints_its_traceback_and_names_the_log_file(tmp_path: Path) -> None:
+    # A policy folder that does not exist: the driver fails reading its config.json right after
+    # curation (a code path with no one-line user error), within seconds.
+    missing = tmp_path / "no-such-model"
+    proc = subprocess.run(_args(tmp_path, f"bootstrap.source={missing}"), cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    err = proc.stderr
+    # The traceback of the task that failed, down to the frame that raised, reaches the terminal...
+    assert "Traceback (most recent call last)" in err and "in model_max_positions" in err, err[-3000:]
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}/config.json'" in err, err[-3000:]
+    # ...with the log file that holds the rest (Flyte's own error log lines are there, not here).
+    log = tmp_path / "intr" / "logs" / "dapo.log"
+    assert err.rstrip().splitlines()[-1] == f"dapo run: full log: {log}", err[-3000:]
+    assert "Task failed with error" not in proc.stdout + err and "Task failed with error" in log.read_text()
+    assert proc.stdout.splitlines() == ["[run] curation ..."], proc.stdout

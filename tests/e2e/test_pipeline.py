@@ -69,9 +69,36 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def finished_run(run_root: Path) -> RunLayout:
-    _dapo_run(run_root, "ref")
+def first_run(run_root: Path) -> subprocess.CompletedProcess[str]:
+    """The first `dapo run` of the module (what a user sees: its stdout and stderr, not a terminal)."""
+    return _dapo_run(run_root, "ref")
+
+
+@pytest.fixture(scope="module")
+def finished_run(run_root: Path, first_run: subprocess.CompletedProcess[str]) -> RunLayout:
     return RunLayout(run_root / "ref")
+
+
+# What third-party libraries print on a run (vLLM, DeepSpeed, torch, Flyte, tqdm bars): the log file's.
+NOISE = ("libtcmalloc", "NUMA", "reduce_op", "WARNING", "Warning", "Triton", "it/s]", "real_accelerator",
+         "[warm-up]", "[rollout", "taskrunner")
+
+
+def test_terminal_shows_progress_and_summary_and_the_log_file_holds_the_rest(
+        first_run: subprocess.CompletedProcess[str], finished_run: RunLayout) -> None:
+    lines = [*first_run.stdout.splitlines(), *first_run.stderr.splitlines()]
+    noisy = [line for line in lines if any(word in line for word in NOISE)]
+    assert not noisy, noisy
+    # Not a terminal: one plain line per stage, step and evaluation, then the summary.
+    allowed = ("[run] ", "[step ", "[eval step ", "DAPO run ", "  ")
+    assert all(line.startswith(allowed) or not line.strip() for line in lines), lines
+    assert [line.split("]")[0] for line in lines if line.startswith("[step ")] == ["[step 1/2", "[step 2/2"]
+    assert sum(line.startswith("[eval step ") for line in lines) == 2  # step 0 and the final one
+    assert len(lines) <= 20, "\n".join(lines)
+    assert "run folder: " in first_run.stdout and "logs/dapo.log" in first_run.stdout
+    log = (Path(finished_run.root) / "logs" / "dapo.log").read_text(errors="replace")
+    for word in ("WARNING", "[warm-up]", "[rollout", "DeepSpeed workers"):
+        assert word in log, word
 
 
 def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from workflows.driver import _fmt3
+from workflows.progress import fmt3 as _fmt3
 
 
 def test_step_line_numbers_hand_worked() -> None:

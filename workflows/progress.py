@@ -1,0 +1,283 @@
+"""What a run shows while it works: the seam the driver reports to, and its two displays.
+
+The driver (workflows/driver.py) calls the module functions here: ``begin`` (a run of N steps),
+``stage`` (curation, the warm-up, a step's rollout round or training, an evaluation),
+``step_done`` (a step's metrics), ``eval_done`` and ``note`` (a line the user must see, such as
+an output made again). Long loops inside engines (generation, the tiny warm-up) report through
+``engines/work_progress.py``. The display is the CLI's choice (workflows/run_output.py):
+
+- ``LiveProgress``: one rich display redrawn in place on a terminal (stage, step i/N, the last
+  step's reward, accuracy and entropy, elapsed time and ETA, a bar for the work under way);
+  finished steps and evaluations are printed above it as lines that stay.
+- ``PlainProgress``: the same lines, one per stage, step and evaluation, no redraws (pipes, CI,
+  tests, ``--verbose``). It is also the default when no CLI chose (a cluster, tests that call the
+  driver), printing to whatever ``sys.stdout`` is then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+from engines import work_progress
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One finished DAPO step as the terminal shows it (from its StepMetrics row)."""
+
+    step: int
+    steps: int  # steps in the run
+    rounds: int  # generation rounds the step drew
+    groups: int  # groups trained on
+    outcome: str  # full | partial | skipped
+    samples: int
+    accuracy: float | None  # None or NaN: nothing measured (a metric read back from a shard as null)
+    reward: float | None
+    entropy: float | None
+    seconds: float  # wall time of the step, rollout to published checkpoint
+
+
+class Progress(Protocol):
+    """A display of a run's progress; each call must be quick (some come from engine threads)."""
+
+    def begin(self, run: str, steps: int) -> None:
+        """A run of ``steps`` DAPO steps starts (the ablation ladder: once per rung and seed)."""
+
+    def stage(self, text: str, *, quiet: bool = False) -> None:
+        """Work on ``text`` starts; ``quiet`` stages are shown live only, never as a line."""
+
+    def work(self, label: str, done: int, total: int) -> None:
+        """``done`` of ``total`` units of the current stage's loop (generation, warm-up)."""
+
+    def step_done(self, report: StepReport) -> None: ...
+
+    def eval_done(self, step: int, summary: dict[str, Any]) -> None:
+        """Held-out evaluation of step ``step``'s policy (``avg_at_k``, ``pass_at_k``, ``k``, ``problems``)."""
+
+    def note(self, text: str, *, warning: bool = False) -> None:
+        """A line the user must see; ``warning`` ones go to stderr."""
+
+
+def fmt3(value: float | None) -> str:
+    """A metric for the step line: a NaN written to the metrics shard reads back as None."""
+    return "nan" if value is None or math.isnan(value) else f"{value:.3f}"
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h10m``: whole seconds, the two largest units."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def step_line(report: StepReport) -> str:
+    """The step's line, as ``dapo run`` has always printed it."""
+    r = report
+    return (f"[step {r.step}/{r.steps}] rounds={r.rounds} groups={r.groups} ({r.outcome}) samples={r.samples} "
+            f"acc={fmt3(r.accuracy)} reward={fmt3(r.reward)} entropy={fmt3(r.entropy)} ({r.seconds:.1f} s)")
+
+
+def eval_line(step: int, summary: dict[str, Any]) -> str:
+    k = summary["k"]
+    return (f"[eval step {step}] held-out avg@{k} {summary['avg_at_k']:.1%}  pass@{k} {summary['pass_at_k']:.1%}  "
+            f"({summary['problems']} problems)")
+
+
+class _Timing:
+    """Elapsed time and the ETA from the mean step so far (evaluations ride along in the mean's error)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock, self.started = clock, clock()
+        self.step_seconds: list[float] = []
+
+    def step(self, report: StepReport) -> tuple[float, float | None]:
+        self.step_seconds.append(report.seconds)
+        left = report.steps - report.step
+        mean = sum(self.step_seconds) / len(self.step_seconds)
+        return self.clock() - self.started, (mean * left if left > 0 else None)
+
+
+class PlainProgress:
+    """One line per stage, step and evaluation; nothing redrawn. ``None`` streams: ``sys.stdout`` /
+    ``sys.stderr`` as they are when a line is written."""
+
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._out, self._err = out, err
+        self._timing = _Timing(clock)
+
+    def _print(self, line: str, *, warning: bool = False) -> None:
+        stream = (self._err or sys.stderr) if warning else (self._out or sys.stdout)
+        print(line, file=stream, flush=True)
+
+    def begin(self, run: str, steps: int) -> None:
+        pass
+
+    def stage(self, text: str, *, quiet: bool = False) -> None:
+        if not quiet:
+            self._print(f"[run] {text} ...")
+
+    def work(self, label: str, done: int, total: int) -> None:
+        pass  # a bar is for a terminal; a log gets the step lines
+
+    def step_done(self, report: StepReport) -> None:
+        elapsed, eta = self._timing.step(report)
+        self._print(f"{step_line(report)}  elapsed {format_duration(elapsed)}"
+                    + (f"  ETA ~{format_duration(eta)}" if eta is not None else ""))
+
+    def eval_done(self, step: int, summary: dict[str, Any]) -> None:
+        self._print(eval_line(step, summary))
+
+    def note(self, text: str, *, warning: bool = False) -> None:
+        self._print(text, warning=warning)
+
+
+class LiveProgress:
+    """One display redrawn in place on a terminal (rich.live); step and evaluation lines stay above it.
+
+    Use as a context manager: it draws from ``__enter__`` to ``__exit__`` and listens to the
+    engines' work reports meanwhile. Nothing of it is left on the screen after ``__exit__``.
+    """
+
+    def __init__(self, console: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console
+        self._timing = _Timing(clock)
+        self._lock = threading.Lock()
+        self._run, self._steps, self._done = "", 0, 0
+        self._stage = "starting"
+        self._work: tuple[str, int, int] | None = None
+        self._last: StepReport | None = None
+        self._eval: tuple[int, dict[str, Any]] | None = None
+        self._eta: float | None = None
+        self._eta_at = 0.0
+        self._live: Any = None
+        self._stop_listening: Callable[[], None] | None = None
+
+    def __enter__(self) -> LiveProgress:
+        from rich.live import Live
+
+        self._live = Live(self, console=self.console, refresh_per_second=4, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        self._live.start()
+        self._stop_listening = work_progress.listen(self.work)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+        if self._live is not None:
+            self._live.stop()
+
+    def _print(self, line: str) -> None:
+        from rich.text import Text
+
+        self.console.print(Text(line), soft_wrap=True)
+
+    def begin(self, run: str, steps: int) -> None:
+        with self._lock:
+            self._run, self._steps, self._done = run, steps, 0
+
+    def stage(self, text: str, *, quiet: bool = False) -> None:
+        with self._lock:
+            self._stage, self._work = text, None
+
+    def work(self, label: str, done: int, total: int) -> None:
+        self._work = (label, done, total)
+
+    def step_done(self, report: StepReport) -> None:
+        elapsed, eta = self._timing.step(report)
+        with self._lock:
+            self._done, self._steps, self._last = report.step, report.steps, report
+            self._eta, self._eta_at = eta, self._timing.clock()
+        self._print(f"{step_line(report)}  elapsed {format_duration(elapsed)}")
+
+    def eval_done(self, step: int, summary: dict[str, Any]) -> None:
+        self._eval = (step, summary)
+        self._print(eval_line(step, summary))
+
+    def note(self, text: str, *, warning: bool = False) -> None:
+        self._print(text)
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        with self._lock:
+            run, steps, done, stage, work = self._run, self._steps, self._done, self._stage, self._work
+            last, evaluated, eta, eta_at = self._last, self._eval, self._eta, self._eta_at
+        now = self._timing.clock()
+        timing = f"elapsed {format_duration(now - self._timing.started)}"
+        if eta is not None:
+            timing += f"  ETA ~{format_duration(max(0.0, eta - (now - eta_at)))}"
+        title = Text.assemble(("DAPO ", "bold"), (run or "run", "bold cyan"), f"  {stage}   ", (timing, "dim"))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(min_width=10)
+        grid.add_column(width=40)
+        grid.add_column()
+        if steps:
+            grid.add_row("steps", ProgressBar(total=steps, completed=done, width=40), f"{done}/{steps}")
+        if work is not None and work[2] > 0:
+            label, n, total = work
+            grid.add_row(label, ProgressBar(total=total, completed=n, width=40), f"{n}/{total}")
+        facts = []
+        if last is not None:
+            facts.append(f"step {last.step}: reward {fmt3(last.reward)}  acc {fmt3(last.accuracy)}  "
+                         f"entropy {fmt3(last.entropy)}")
+        if evaluated is not None:
+            step, summary = evaluated
+            facts.append(f"held-out avg@{summary['k']} {summary['avg_at_k']:.1%} (step {step})")
+        return Group(title, grid, *([Text("   ".join(facts))] if facts else []))
+
+
+_current: Progress = PlainProgress()
+_where = "start-up"
+
+
+@contextlib.contextmanager
+def using(display: Progress) -> Iterator[Progress]:
+    """Report to ``display`` inside the block (the CLI's choice), then to the previous one again."""
+    global _current
+    previous, _current = _current, display
+    try:
+        yield display
+    finally:
+        _current = previous
+
+
+def where() -> str:
+    """What the run was doing last (for the Ctrl-C message), e.g. ``step 3/20 (training)``."""
+    return _where
+
+
+def begin(run: str, steps: int) -> None:
+    _current.begin(run, steps)
+
+
+def stage(text: str, *, quiet: bool = False) -> None:
+    global _where
+    _where = text
+    _current.stage(text, quiet=quiet)
+
+
+def step_done(report: StepReport) -> None:
+    _current.step_done(report)
+
+
+def eval_done(step: int, summary: dict[str, Any]) -> None:
+    _current.eval_done(step, summary)
+
+
+def note(text: str, *, warning: bool = False) -> None:
+    _current.note(text, warning=warning)
