@@ -7,7 +7,9 @@ refused before any work with the fields that differ. One change is a resume, not
 ``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
 the config and the steps before it, so steps 1..N of a longer run are the steps of the
 shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
-and summary than the config would describe.
+and summary than the config would describe. The retention fields (``run.keep_*``) may change
+freely: they decide which finished checkpoints' files are deleted, never what a step computes
+(a record written before they existed lacks them).
 
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
@@ -33,7 +35,9 @@ from typing import Any
 
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
-RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)"}
+RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)",
+             "run.keep_optimizer_checkpoints": "may change (retention decides what is stored, not what is computed)",
+             "run.keep_weights_every_steps": "may change (retention decides what is stored, not what is computed)"}
 
 
 class RunFolderError(RuntimeError):
@@ -57,7 +61,9 @@ def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tup
 
 def refusing_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The changes that make ``wanted`` a different run than ``recorded`` (empty: a resume)."""
-    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old}
+    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old,
+               "run.keep_optimizer_checkpoints": lambda old, new: True,
+               "run.keep_weights_every_steps": lambda old, new: True}
     return [(key, old, new) for key, old, new in config_changes(recorded, wanted)
             if not (key in allowed and allowed[key](old, new))]
 
@@ -72,7 +78,7 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
         raise RunFolderError(
             f"run folder {run_dir} holds a run of another config ({listed}); "
             "start a new run with --set run.name=NEW_NAME or another --run-root "
-            f"(resuming allows only: run.steps {RESUMABLE['run.steps']})"
+            f"(resuming allows only: run.steps {RESUMABLE['run.steps']}; run.keep_* (retention) may change)"
         )
 
 
