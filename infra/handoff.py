@@ -175,6 +175,26 @@ def run_storage_bytes(steps: int, weights_bytes: int, optimizer_bytes: int, *, k
                for step, keep in plan.items())
 
 
+RETENTION_EXAMPLES = ((0, 0), (1, 0), (2, 50), (2, 20), (2, 10))  # (K, M) rows of the docs' table
+
+
+def retention_table_markdown(weights_bytes: int, optimizer_bytes: int, *, steps: int = 1000,
+                             policies: tuple[tuple[int, int], ...] = RETENTION_EXAMPLES) -> str:
+    """Markdown table: checkpoint storage of a finished ``steps``-step run per retention policy (docs/CLUSTER.md)."""
+    lines = [
+        f"| run.keep_optimizer_checkpoints | run.keep_weights_every_steps | kept whole | weights only (step 0 included) | "
+        f"storage after {steps:,} steps (TB) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for k, m in policies:
+        plan = checkpoint_retention(range(steps + 1), latest=steps, keep_optimizer_last=k, keep_weights_every=m)
+        whole = sum(1 for step, keep in plan.items() if keep.optimizer_state and step > 0)
+        weights_only = sum(1 for step, keep in plan.items() if keep.weights and not (keep.optimizer_state and step > 0))
+        total = run_storage_bytes(steps, weights_bytes, optimizer_bytes, keep_optimizer_last=k, keep_weights_every=m)
+        lines.append(f"| {k} | {m} | {whole} | {weights_only} | {total / 1e12:,.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def format_handoff(h: StepHandoff) -> str:
     """Lines for ``dapo deploy --dry-run --config``: the hand-off per step, naive and designed."""
     bw, t = h.bandwidth, h.throughput
@@ -196,4 +216,4 @@ def format_handoff(h: StepHandoff) -> str:
 
 
 __all__ = ["Bandwidth", "HandoffCost", "StepHandoff", "Throughput", "Transfer", "checkpoint_bytes", "format_handoff",
-           "run_storage_bytes", "step_handoff", "transfer_seconds"]
+           "retention_table_markdown", "run_storage_bytes", "step_handoff", "transfer_seconds"]

@@ -119,3 +119,10 @@ def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None
     text = describe_handoff(cfg, paper_plan())
     assert "naive (as implemented): 458.7 GB written" in text
     assert f"{cfg.run.steps} steps keep" in text and "TB keeping all" in text
+
+
+def test_cluster_doc_holds_the_computed_retention_table_and_handoff() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "CLUSTER.md").read_text()
+    w, o = handoff.checkpoint_bytes(sizing.parameter_count(QWEN2_5_32B), "bf16")
+    assert handoff.retention_table_markdown(w, o) in doc, "docs/CLUSTER.md: regenerate the retention table"
+    assert handoff.format_handoff(paper_cost()) in doc, "docs/CLUSTER.md: regenerate the hand-off lines"
