@@ -129,3 +129,14 @@ def test_lineage_reads_pruned_checkpoints(tmp_path: Path) -> None:
     pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
     chain = checkpoint_lineage(layout, "3")["ancestry"]
     assert [c["step"] for c in chain] == [3, 2, 1, 0]
+
+
+def test_dapo_verify_prints_pruned_checkpoints_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    layout = _run(str(tmp_path / "run"))
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    assert main(["verify", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr()
+    assert f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state" in out.out
+    assert "23 recorded file(s) checked, 4 checkpoint(s) pruned by the retention policy, intact" in out.err
