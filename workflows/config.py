@@ -31,6 +31,9 @@ class ConfigError(ValueError):
 
 
 ON_MAX_ROUNDS = ("raise", "train_on_partial")
+# Fields that decide which finished files are kept, never what is computed: outside
+# RunConfig.digest(), and free to change when a run folder is resumed (workflows/run_binding.py).
+STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps")
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,13 @@ class RunConfig:
         return out
 
     def digest(self) -> str:
-        """A short hash of every field: two runs with the same digest compute the same things."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        """A short hash of every field but :data:`STORAGE_ONLY`: two runs with the same digest compute
+        the same things."""
+        computed = self.to_dict()
+        for key in STORAGE_ONLY:
+            section, _, field = key.partition(".")
+            computed[section].pop(field, None)
+        blob = json.dumps(computed, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 

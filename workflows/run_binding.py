@@ -33,11 +33,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from workflows.config import STORAGE_ONLY
+
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
 RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)",
-             "run.keep_optimizer_checkpoints": "may change (retention decides what is stored, not what is computed)",
-             "run.keep_weights_every_steps": "may change (retention decides what is stored, not what is computed)"}
+             **{key: "may change (retention decides what is stored, not what is computed)" for key in STORAGE_ONLY}}
 
 
 class RunFolderError(RuntimeError):
@@ -62,8 +63,7 @@ def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tup
 def refusing_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The changes that make ``wanted`` a different run than ``recorded`` (empty: a resume)."""
     allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old,
-               "run.keep_optimizer_checkpoints": lambda old, new: True,
-               "run.keep_weights_every_steps": lambda old, new: True}
+               **{key: lambda old, new: True for key in STORAGE_ONLY}}
     return [(key, old, new) for key, old, new in config_changes(recorded, wanted)
             if not (key in allowed and allowed[key](old, new))]
 

@@ -164,3 +164,12 @@ def test_retention_fields_are_checked_and_default_to_keeping_everything() -> Non
 def test_paper_config_sets_a_retention_policy() -> None:
     cfg = load_config(REPO / "configs" / "qwen2.5-32b-dapo.yaml")
     assert cfg.run.keep_optimizer_checkpoints >= 1 and cfg.run.keep_weights_every_steps >= 1
+
+
+def test_retention_is_outside_the_config_digest() -> None:
+    # Retention decides what is stored, never what is computed: the run's digest ignores it.
+    plain = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    pruned = load_config(REPO / "configs" / "tiny-cpu.yaml",
+                         ["run.keep_optimizer_checkpoints=1", "run.keep_weights_every_steps=2"])
+    assert plain.digest() == pruned.digest()
+    assert plain.digest() != load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.steps=7"]).digest()
