@@ -22,8 +22,25 @@ def init_process() -> int:
     if torch.cuda.is_available():
         # One GPU per rank, chosen before NCCL creates its communicators on the current device.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
+        skip_shm_comm_build()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank()
+
+
+def skip_shm_comm_build() -> None:
+    """Keep DeepSpeed's CPU comm backend from JIT-compiling its ``deepspeed_shm_comm`` op.
+
+    ``deepspeed.comm.torch.TorchBackend`` builds the op whenever DeepSpeed's probe calls it
+    compatible (``deepspeed.ops.__compatible_ops__``): ~50 s of C++ on a fresh machine (5 min on a
+    loaded 2-core one, benchmarks/RESULTS.md), charged to the first training step. The op only
+    serves ``inference_all_reduce`` (tensor-parallel inference kernels); training's collectives
+    go through ``torch.distributed`` over gloo either way, so marking it incompatible changes no
+    number. DeepSpeed keeps the probe's dict in its module, so the edit holds for this process.
+    """
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def rank_device() -> torch.device:

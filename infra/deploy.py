@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra import sizing
+from infra import handoff, sizing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Importing the driver imports every task module; the rest are listed so none is missed.
@@ -111,6 +111,24 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         train_nodes=plan.train_nodes,
     )
     return plan, overrides
+
+
+def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
+    """The per-step checkpoint hand-off (infra/handoff.py) and the run's checkpoint storage under
+    its retention policy (``run.keep_*``), for the resolved plan."""
+    cost = handoff.step_handoff(plan, prompts_per_step=config.run.prompts_per_step,
+                                prompts_per_round=config.run.prompts_per_round,
+                                samples_per_prompt=config.rollout.samples_per_prompt, precision=config.train.precision)
+    drv = config.run
+    kept = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes,
+                                     keep_optimizer_last=drv.keep_optimizer_checkpoints,
+                                     keep_weights_every=drv.keep_weights_every_steps)
+    everything = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes, keep_optimizer_last=0,
+                                           keep_weights_every=0)
+    return handoff.format_handoff(cost) + (
+        f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
+        f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "
+        f"({everything / 1e12:,.1f} TB keeping all)")
 
 
 # ----------------------------------------------------------------------------- loading tasks
@@ -352,6 +370,7 @@ def _deploy(args: argparse.Namespace) -> int:
     print(format_rows(rows))
     if plan is not None:
         print(sizing.format_plan(plan))
+        print(describe_handoff(config, plan))
     elif args.config:
         print("resolved resources: the tiny policy needs no GPU (one engine, one training process)")
     if args.json_out:

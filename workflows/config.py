@@ -39,6 +39,9 @@ class ConfigError(ValueError):
 
 
 ON_MAX_ROUNDS = ("raise", "train_on_partial")
+# Fields that decide which finished files are kept, never what is computed: outside
+# RunConfig.digest(), and free to change when a run folder is resumed (workflows/run_binding.py).
+STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class DriverConfig:
     on_max_rounds: str = "train_on_partial"  # when rounds run out short: "raise", or "train_on_partial" (train on the groups found; none found: the step is skipped, policy kept, trained_groups=0)
     eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
     seed: int = 0  # root seed: problem order and every rollout seed derive from it
+    keep_optimizer_checkpoints: int = 0  # retention: only the last K checkpoints keep their optimizer state (ds_state/) and weights; the driver prunes older ones after each step (storage/retention_policy.py); 0 = keep every checkpoint whole
+    keep_weights_every_steps: int = 0  # retention: checkpoints older than the last K keep their weights only at steps divisible by M; 0 = all weights (needs keep_optimizer_checkpoints >= 1)
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -66,6 +71,10 @@ class DriverConfig:
             "max_rounds": (self.max_rounds >= 1, "must be >= 1"),
             "on_max_rounds": (self.on_max_rounds in ON_MAX_ROUNDS, f"must be one of {list(ON_MAX_ROUNDS)}"),
             "eval_every_steps": (self.eval_every_steps >= 0, "must be >= 0 (0 = only before and after)"),
+            "keep_optimizer_checkpoints": (self.keep_optimizer_checkpoints >= 0, "must be >= 0 (0 = keep every checkpoint whole)"),
+            "keep_weights_every_steps": (
+                self.keep_weights_every_steps >= 0 and (self.keep_weights_every_steps == 0 or self.keep_optimizer_checkpoints >= 1),
+                "must be >= 0, and > 0 only with run.keep_optimizer_checkpoints >= 1 (0 keeps every checkpoint whole)"),
         })
 
 
@@ -106,9 +115,12 @@ class RunConfig:
         return out
 
     def digest(self) -> str:
-        """A short hash of every field that changes results (all but :data:`NOT_COMPUTED`): two runs
-        with the same digest compute the same things."""
+        """A short hash of every field that changes results (all but the sections :data:`NOT_COMPUTED`
+        and the fields :data:`STORAGE_ONLY`): two runs with the same digest compute the same things."""
         computed = {k: v for k, v in self.to_dict().items() if k not in NOT_COMPUTED}
+        for key in STORAGE_ONLY:
+            section, _, field = key.partition(".")
+            computed[section].pop(field, None)
         blob = json.dumps(computed, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 

@@ -29,7 +29,7 @@ from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import group_keys_of
 from engines.train_publish import METRICS_FILE
 from infra.environments import cpu_env
-from storage import checkpoints, digests, run_store
+from storage import checkpoints, digests, pruning, run_store
 from storage.run_layout import RunLayout
 from tasks.batch import assemble_batch
 from tasks.bootstrap import bootstrap
@@ -265,6 +265,7 @@ class _PipelineStages:
         self.train_paths, self.test_paths = prepared["train_paths"], prepared["test_paths"]
         self.checkpoint: str = prepared["checkpoint"]
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
+        self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
         self.evals: list[dict[str, Any]] = [prepared["eval0"]]
         self.metrics_rows: list[dict[str, Any]] = []
         self.step_seconds: list[float] = []
@@ -322,6 +323,7 @@ class _PipelineStages:
                                             upstream=[self.checkpoint, batch_path])
             trained = _train_row(published.checkpoint_dir)
             self.checkpoint, self.policy_step = published.checkpoint_dir, step
+            self.checkpoint_paths[step] = published.checkpoint_dir
         train_s = time.perf_counter() - t
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(nan_to_none(row))
@@ -334,8 +336,25 @@ class _PipelineStages:
         if every and step % every == 0 and step != cfg.run.steps:
             self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
         self.track()
+        self.apply_retention(step)
         await self.refresh_report()
         self._step_started = time.perf_counter()
+
+    def apply_retention(self, step: int) -> None:
+        """Prune older checkpoints by ``run.keep_*`` (storage/retention_policy.py) once the step is done.
+
+        The current policy's checkpoint is the latest and stays whole: the next step trains from it
+        and a resume starts there. A re-run replays this after every step; what is pruned stays
+        pruned and recorded (storage/pruning.py), so the replayed calls stay cache hits.
+        """
+        drv = self.cfg.run
+        removed = pruning.apply_retention(self.checkpoint_paths, latest=self.policy_step,
+                                          keep_optimizer_last=drv.keep_optimizer_checkpoints,
+                                          keep_weights_every=drv.keep_weights_every_steps)
+        if removed:
+            print(f"[retention] after step {step}: pruned {len(removed)} file(s) of older checkpoints "
+                  f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
+                  f"run.keep_weights_every_steps={drv.keep_weights_every_steps})", flush=True)
 
     async def refresh_report(self) -> None:
         """Redraw the run page with the steps so far (status "running", ETA), so a user watching the

@@ -9,7 +9,9 @@ the config and the steps before it, so steps 1..N of a longer run are the steps 
 shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
 and summary than the config would describe. Sections that compute nothing
 (``workflows.config.NOT_COMPUTED``: the trackers) may change freely, and a ``run.json`` written
-before such a section existed still resumes.
+before such a section existed still resumes. The retention fields (``run.keep_*``) may change
+freely too: they decide which finished checkpoints' files are deleted, never what a step computes
+(a record written before they existed lacks them).
 
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
@@ -35,11 +37,12 @@ from typing import Any
 
 from storage import run_store
 from storage.run_layout import RunLayout
-from workflows.config import NOT_COMPUTED
+from workflows.config import NOT_COMPUTED, STORAGE_ONLY
 
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
-RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)"}
+RESUMABLE = {"run.steps": "may only grow (continue a finished run for more steps)",
+             **{key: "may change (retention decides what is stored, not what is computed)" for key in STORAGE_ONLY}}
 
 
 class RunFolderError(RuntimeError):
@@ -66,7 +69,8 @@ def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tup
 
 def refusing_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """The changes that make ``wanted`` a different run than ``recorded`` (empty: a resume)."""
-    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old}
+    allowed = {"run.steps": lambda old, new: isinstance(old, int) and isinstance(new, int) and new >= old,
+               **{key: lambda old, new: True for key in STORAGE_ONLY}}
     return [(key, old, new) for key, old, new in config_changes(recorded, wanted)
             if not (key in allowed and allowed[key](old, new))]
 
@@ -81,7 +85,7 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
         raise RunFolderError(
             f"run folder {run_dir} holds a run of another config ({listed}); "
             "start a new run with --set run.name=NEW_NAME or another --run-root "
-            f"(resuming allows only: run.steps {RESUMABLE['run.steps']})"
+            f"(resuming allows only: run.steps {RESUMABLE['run.steps']}; run.keep_* (retention) may change)"
         )
 
 

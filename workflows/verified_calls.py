@@ -8,6 +8,8 @@ record, deletes that call's outputs and runs the task once more with its cache d
 call (``task.override(cache="disable")``: the body runs on the laptop and on a cluster alike).
 The re-made outputs land at the same paths with fresh records, so later re-runs hit the
 original cache entry and find them intact. What cannot be re-made is an error naming the files.
+Files the retention policy pruned (storage/pruning.py) are not missing: a pruned checkpoint's
+cached call stays a cache hit.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from storage import digests
+from storage import digests, pruning
 from workflows import progress
 
 
@@ -25,7 +27,7 @@ class DamagedOutputError(RuntimeError):
 
 def damaged_outputs(outputs: Sequence[str]) -> list[str]:
     """One line per missing or damaged file of ``outputs`` (empty when all are intact)."""
-    return [problem for path in outputs for problem in digests.check(path)]
+    return [problem for path in outputs for problem in pruning.check(path)]
 
 
 async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream: Sequence[str] = ()) -> Any:

@@ -4,7 +4,9 @@ Walks the run folder (a path or an object-store URI), checks each digest record
 (``<output>.sha256.json``, storage/digests.py) against the files it names, and reports what is
 missing or damaged, one line per file. Shards and checkpoint files that no record covers, and a
 ``summary.json`` whose final checkpoint is gone, are reported too: deleting an output together
-with its record must not make a run look intact. Exit status 1 when anything is wrong.
+with its record must not make a run look intact. Files the retention policy pruned (named in
+``<checkpoint>.pruned.json``, storage/pruning.py) are reported as pruned, one line per
+checkpoint, not as missing. Exit status 1 when anything is wrong.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from storage import checkpoints, digests, run_store
+from storage import checkpoints, digests, pruning, run_store
 from storage.run_layout import RunLayout
 
 # Written by the driver itself on every invocation (not task outputs): not recorded.
@@ -47,15 +49,16 @@ def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
     for rec in records:
         output = rec[: -len(digests.RECORD_SUFFIX)]
         parent = output.rpartition("/")[0]
-        problems += digests.check(run_store.join(layout.root, output), deep=deep)
+        problems += pruning.check(run_store.join(layout.root, output), deep=deep)
         try:
             files = json.loads(run_store.read_text(run_store.join(layout.root, rec)))["files"]
         except (ValueError, KeyError, TypeError):
             continue  # reported by check
         covered.update(f"{parent}/{key}" if parent else key for key in files)
-        checked += len(files)
+        checked += len(set(files) - set(pruning.pruned_files(run_store.join(layout.root, output))))
     for name in names:
-        if name in covered or name in _UNRECORDED or name.endswith(digests.RECORD_SUFFIX) or name.startswith("flyte/"):
+        if (name in covered or name in _UNRECORDED or name.endswith((digests.RECORD_SUFFIX, pruning.PRUNED_SUFFIX))
+                or name.startswith("flyte/")):
             continue
         if _needs_record(name):
             problems.append(f"{run_store.join(layout.root, name)}: no digest record covers it")
@@ -64,6 +67,13 @@ def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
         if final and not checkpoints.is_complete(final):
             problems.append(f"{final}: the final checkpoint summary.json names is missing or incomplete")
     return problems, checked
+
+
+def pruned_outputs(root: str) -> list[str]:
+    """One line per checkpoint of the run folder ``root`` that the retention policy pruned."""
+    names = _files_under(RunLayout(root).root)
+    outputs = [n[: -len(pruning.PRUNED_SUFFIX)] for n in names if n.endswith(pruning.PRUNED_SUFFIX)]
+    return [line for n in outputs if (line := pruning.describe_pruned(run_store.join(RunLayout(root).root, n)))]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,11 +98,13 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"dapo verify: {err}", file=sys.stderr)
         return 1
     problems, checked = verify_run(root, deep=not args.sizes_only)
-    for line in problems:
+    pruned = pruned_outputs(root)
+    for line in [*pruned, *problems]:
         print(line)
     verdict = f"{len(problems)} problem(s)" if problems else "intact"
-    print(f"dapo verify: {root}: {checked} recorded file(s) checked, {verdict}", file=sys.stderr)
+    kept = f", {len(pruned)} checkpoint(s) pruned by the retention policy" if pruned else ""
+    print(f"dapo verify: {root}: {checked} recorded file(s) checked{kept}, {verdict}", file=sys.stderr)
     return 1 if problems else 0
 
 
-__all__ = ["verify_run"]
+__all__ = ["pruned_outputs", "verify_run"]

@@ -40,6 +40,9 @@ def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     result = _deploy("--dry-run", "--config", str(PAPER_CONFIG), "--run-store-pvc", "dapo-runs", "--json-out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resolved resources for Qwen2.5-32B" in result.stdout
+    # the checkpoint hand-off per step and the run's checkpoint storage (infra/handoff.py)
+    assert "naive (as implemented): 458.7 GB written" in result.stdout and "designed (modelled)" in result.stdout
+    assert "500 steps keep 2.6 TB of checkpoints" in result.stdout
     payload = json.loads(out.read_text())
     tasks = {row["task"]: row for row in payload["tasks"]}
     # rollout and evaluate are RayJobs: 2 worker pods of 8 GPUs (4 engines x tensor parallel 4)

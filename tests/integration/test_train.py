@@ -40,9 +40,9 @@ from dapo_core.losses import policy_loss  # noqa: E402
 from engines import train_batch as tb
 from engines import train_server
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train_engine import warmup_lr_factor  # noqa: E402
 from engines.train_launch import train_step, train_steps
 from engines.train_publish import METRICS_FILE, TrainStepError
-from engines.train_engine import warmup_lr_factor  # noqa: E402
 from engines.train_spec import DS_STATE_DIR  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 from storage import checkpoints
@@ -174,7 +174,6 @@ def test_a_published_step_from_another_config_or_batch_is_trained_again(runs: di
     """Reuse compares what produced the step (config, batch content), not only step and parent."""
     import shutil
 
-    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 

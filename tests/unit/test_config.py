@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from settings.checks import FieldError
 from workflows.config import ConfigError, config_from_dict, load_config, parse_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,3 +148,28 @@ def test_length_caps_are_derived_from_the_rollout_cap_unless_set() -> None:
     own = load_config(REPO / "configs" / "tiny-cpu.yaml", ["rollout.max_response_tokens=48",
                                                           "evaluate.max_response_tokens=20"])
     assert own.evaluate.max_response_tokens == 20  # an explicit value wins
+
+
+def test_retention_fields_are_checked_and_default_to_keeping_everything() -> None:
+    from workflows.config import DriverConfig
+
+    assert DriverConfig().keep_optimizer_checkpoints == 0 and DriverConfig().keep_weights_every_steps == 0
+    DriverConfig(keep_optimizer_checkpoints=2, keep_weights_every_steps=25)
+    with pytest.raises(FieldError, match="keep_optimizer_checkpoints"):
+        DriverConfig(keep_optimizer_checkpoints=-1)
+    with pytest.raises(FieldError, match="keep_weights_every_steps"):
+        DriverConfig(keep_weights_every_steps=5)  # weights-only pruning needs K >= 1
+
+
+def test_paper_config_sets_a_retention_policy() -> None:
+    cfg = load_config(REPO / "configs" / "qwen2.5-32b-dapo.yaml")
+    assert cfg.run.keep_optimizer_checkpoints >= 1 and cfg.run.keep_weights_every_steps >= 1
+
+
+def test_retention_is_outside_the_config_digest() -> None:
+    # Retention decides what is stored, never what is computed: the run's digest ignores it.
+    plain = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    pruned = load_config(REPO / "configs" / "tiny-cpu.yaml",
+                         ["run.keep_optimizer_checkpoints=1", "run.keep_weights_every_steps=2"])
+    assert plain.digest() == pruned.digest()
+    assert plain.digest() != load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.steps=7"]).digest()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import io
 import math
 
-from workflows.progress import PlainProgress, StepReport, format_duration, stage, using, where
+from workflows.progress import (
+    PlainProgress,
+    StepReport,
+    format_duration,
+    stage,
+    using,
+    where,
+)
 
 
 def _step(step: int, seconds: float, **overrides) -> StepReport:

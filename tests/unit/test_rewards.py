@@ -22,14 +22,18 @@ from dapo_core.answer_extraction import (
 from dapo_core.rewards import (
     REWARD_VERSION,
     Verdict,
-    judge_in_process,
     judge_here,
+    judge_in_process,
     score_response,
     score_responses,
     summarize_verdicts,
 )
 from engines import verifier_pool
-from engines.verifier_pool import process_judge, shutdown_verifier_pool, verifier_pool_stats
+from engines.verifier_pool import (
+    process_judge,
+    shutdown_verifier_pool,
+    verifier_pool_stats,
+)
 
 # What the pipeline's scoring and evaluation pass (engines/verifier_pool.py).
 POOL = process_judge()

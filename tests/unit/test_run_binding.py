@@ -42,6 +42,17 @@ def test_more_steps_is_a_resume_fewer_is_refused() -> None:
         check_run_record("runs/r", {"config": OLD}, _with("run", "steps", 2))
 
 
+def test_retention_may_change_on_resume_and_be_missing_from_an_older_record() -> None:
+    # run.json written before the retention fields existed lacks them; turning retention on (or
+    # changing it) resumes the same run: it decides what is stored, not what a step computes.
+    check_run_record("runs/r", {"config": OLD}, _with("run", "keep_optimizer_checkpoints", 2))
+    newer = _with("run", "keep_optimizer_checkpoints", 2)
+    newer["run"]["keep_weights_every_steps"] = 5
+    check_run_record("runs/r", {"config": newer}, {**newer, "run": {**newer["run"], "keep_weights_every_steps": 10}})
+    with pytest.raises(RunFolderError, match=r"train\.lr"):
+        check_run_record("runs/r", {"config": OLD}, {**_with("train", "lr", 2e-4), "run": newer["run"]})
+
+
 def test_another_config_is_refused_naming_each_field() -> None:
     new = _with("train", "lr", 2e-4)
     new["train"]["eps_high"] = 0.2

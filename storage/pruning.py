@@ -1,0 +1,122 @@
+"""Pruning checkpoints by the retention policy (storage/retention_policy.py), on a path or an object store.
+
+What a checkpoint loses is named by its digest record (storage/digests.py): the weight files
+(``*.safetensors`` at the top of the folder) and the DeepSpeed optimizer state (``ds_state/``).
+Before anything is deleted, the names, sizes and recorded sha256 go into a *pruned record*
+beside the digest record, ``checkpoints/step-0003.pruned.json``; the digest record itself is
+never rewritten, so the checkpoint's ``upstream_digest`` (storage/digests.py), and with it the
+cache key of every task downstream of it, stays the same. A crash between the two leaves a
+record naming files that still exist; the next prune deletes them.
+
+:func:`check` is ``digests.check`` that reads a file named in the pruned record as pruned, not
+missing: the driver (workflows/verified_calls.py) checks cached outputs with it, so a re-run of
+a pruned run stays all cache hits, and ``dapo verify`` reports pruned checkpoints as pruned.
+A pruned file that is back, with another size or sha256, is still reported as damaged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from storage import checkpoints, digests, run_store
+from storage.retention_policy import Keep, checkpoint_retention
+
+PRUNED_SUFFIX = ".pruned.json"
+OPTIMIZER_STATE_DIR = "ds_state"  # engines/train_spec.py: DS_STATE_DIR (storage may not import engines)
+PARTS = ("weights", "optimizer state")
+
+
+def pruned_record_path(path: str | os.PathLike[str]) -> str:
+    """The pruned record of the output ``path`` (beside its digest record)."""
+    return str(path).rstrip("/") + PRUNED_SUFFIX
+
+
+def pruned_files(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """``{"<name>/<relpath>": {"bytes", "sha256", "part"}}`` of what was pruned from ``path`` ({} if nothing)."""
+    rec = pruned_record_path(path)
+    if not run_store.exists(rec):
+        return {}
+    files: dict[str, dict[str, Any]] = json.loads(run_store.read_text(rec))["files"]
+    return files
+
+
+def part_of(key: str) -> str | None:
+    """``"weights"``, ``"optimizer state"`` or None (kept always) for a digest-record key ``<name>/<relpath>``."""
+    rel = key.partition("/")[2]
+    if "/" not in rel and rel.endswith(checkpoints.WEIGHT_SUFFIXES):
+        return "weights"
+    if rel.startswith(OPTIMIZER_STATE_DIR + "/"):
+        return "optimizer state"
+    return None
+
+
+def prune_checkpoint(path: str, keep: Keep) -> list[str]:
+    """Delete what ``keep`` drops from the published checkpoint ``path``; returns the files deleted now."""
+    rec = digests.record_path(path)
+    if keep.weights and keep.optimizer_state or not run_store.exists(rec):
+        return []  # nothing to drop, or nothing recorded to say what is there
+    recorded: dict[str, dict[str, Any]] = json.loads(run_store.read_text(rec))["files"]
+    dropped = {"weights": not keep.weights, "optimizer state": not keep.optimizer_state}
+    already = pruned_files(path)
+    wanted = {key: {**want, "part": part} for key, want in recorded.items()
+              if (part := part_of(key)) is not None and dropped[part]}
+    parent, _ = digests._parent_and_name(path)  # where the record's names are relative to
+    present = [key for key in wanted if run_store.exists(run_store.join(parent, key))]
+    if not present and set(wanted) <= set(already):
+        return []
+    merged = dict(sorted({**already, **wanted}.items()))
+    run_store.write_text(pruned_record_path(path),
+                         json.dumps({"output": Path(str(path)).name, "files": merged}, indent=1, sort_keys=True) + "\n")
+    removed = []
+    for key in present:
+        target = run_store.join(parent, key)
+        run_store.remove(target)
+        removed.append(target)
+    if not run_store.is_remote(path):
+        state = Path(path) / OPTIMIZER_STATE_DIR
+        if dropped["optimizer state"] and state.is_dir():
+            for folder in sorted((p for p in state.rglob("*") if p.is_dir()), reverse=True):
+                if not any(folder.iterdir()):
+                    folder.rmdir()
+            if not any(state.iterdir()):
+                state.rmdir()
+    return removed
+
+
+def apply_retention(checkpoint_paths: Mapping[int, str], *, latest: int, keep_optimizer_last: int,
+                    keep_weights_every: int) -> list[str]:
+    """Prune the checkpoints ``{step: path}`` (0 = the step-0 policy) by the policy; returns the files deleted."""
+    if keep_optimizer_last == 0:
+        return []  # every checkpoint is kept whole
+    plan = checkpoint_retention(checkpoint_paths, latest=latest, keep_optimizer_last=keep_optimizer_last,
+                                keep_weights_every=keep_weights_every)
+    return [f for step, keep in sorted(plan.items()) for f in prune_checkpoint(checkpoint_paths[step], keep)]
+
+
+def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str]:
+    """``digests.check(path)`` without the "missing" lines of files the pruned record names."""
+    path = str(path).rstrip("/")
+    pruned = pruned_files(path)
+    if not pruned:
+        return digests.check(path, deep=deep)
+    parent, _ = digests._parent_and_name(path)
+    expected = {f"{run_store.join(parent, key)}: missing" for key in pruned}
+    return [problem for problem in digests.check(path, deep=deep) if problem not in expected]
+
+
+def describe_pruned(path: str | os.PathLike[str]) -> str | None:
+    """One line on what was pruned from ``path`` (None when nothing was)."""
+    files = pruned_files(path)
+    if not files:
+        return None
+    parts = [part for part in PARTS if any(f["part"] == part for f in files.values())]
+    size = sum(f["bytes"] for f in files.values())
+    return f"{str(path).rstrip('/')}: pruned by the retention policy: {', '.join(parts)} ({len(files)} files, {size / 1e9:,.1f} GB)"
+
+
+__all__ = ["PRUNED_SUFFIX", "apply_retention", "check", "describe_pruned", "prune_checkpoint", "pruned_files",
+           "pruned_record_path"]

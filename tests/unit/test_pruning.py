@@ -1,0 +1,142 @@
+"""storage/pruning.py on a fake run folder: pruned checkpoints stay verified, cached and traceable.
+
+Checkpoints 0..5 are published through ``run_store.output`` as the train task does (weights,
+``ds_state/`` shards, lineage records), on a local folder and on fsspec's in-memory object store;
+then the retention policy K=1, M=2 prunes them as the driver does after step 5.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from storage import checkpoints, digests, pruning, run_store
+from storage.run_layout import RunLayout
+from workflows.lineage import checkpoint_lineage
+from workflows.verify import pruned_outputs, verify_run
+
+from .test_digests import _FakeCachedTask
+
+STEPS = range(0, 6)
+WEIGHTS = "model.safetensors"
+OPTIMIZER = ("ds_state/global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt", "ds_state/latest")
+RECORDS = (checkpoints.METADATA_FILE, "config.json", "train_metrics.parquet")
+
+
+@pytest.fixture(params=["local", "memory"])
+def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "local":
+        return str(tmp_path / "run")
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "mirror"))
+    return f"memory://dapo-test/run-{uuid.uuid4().hex[:8]}"
+
+
+def _publish(layout: RunLayout, step: int) -> str:
+    out = layout.checkpoint(step)
+    with run_store.output(out, folder=True) as local:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / WEIGHTS).write_bytes(f"weights {step}".encode() * 10)
+        (local / "config.json").write_text("{}")
+        if step:
+            (local / "train_metrics.parquet").write_bytes(b"metrics")
+            for name in OPTIMIZER:
+                (local / name).parent.mkdir(parents=True, exist_ok=True)
+                (local / name).write_bytes(f"adam {step}".encode() * 60)
+        info = checkpoints.CheckpointInfo(
+            checkpoint_id=f"train-{step:04d}-abc", step=step, parent_checkpoint_id=f"train-{step - 1:04d}-abc" if step else None,
+            produced_by="train" if step else "bootstrap")
+        (local / checkpoints.METADATA_FILE).write_text(json.dumps(asdict(info)))
+    return out
+
+
+def _run(root: str) -> RunLayout:
+    layout = RunLayout(root)
+    run_store.write_text(layout.run_record, "{}")
+    for step in STEPS:
+        _publish(layout, step)
+    run_store.write_text(layout.summary, json.dumps({"final_checkpoint": layout.checkpoint(5)}))
+    return layout
+
+
+def _exists(layout: RunLayout, step: int, name: str) -> bool:
+    return run_store.exists(run_store.join(layout.checkpoint(step), name))
+
+
+def test_retention_prunes_what_the_policy_drops_and_nothing_else(root: str) -> None:
+    layout = _run(root)
+    pruned = pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5,
+                                     keep_optimizer_last=1, keep_weights_every=2)
+    # K=1, M=2: whole = 0, 5; weights only = 2, 4; nothing of 1, 3
+    assert [_exists(layout, s, WEIGHTS) for s in STEPS] == [True, False, True, False, True, True]
+    assert [_exists(layout, s, OPTIMIZER[0]) for s in STEPS] == [False, False, False, False, False, True]
+    assert all(_exists(layout, s, name) for s in STEPS for name in RECORDS if s or name != "train_metrics.parquet")
+    assert sorted(pruned) == sorted([run_store.join(layout.checkpoint(s), n) for s in (1, 2, 3, 4) for n in OPTIMIZER]
+                                    + [run_store.join(layout.checkpoint(s), WEIGHTS) for s in (1, 3)])
+    # each pruned checkpoint records what went, by the digest record's names, with sizes
+    record = json.loads(run_store.read_text(pruning.pruned_record_path(layout.checkpoint(3))))
+    assert sorted(record["files"]) == sorted(f"step-0003/{n}" for n in (WEIGHTS, *OPTIMIZER))
+    assert record["files"]["step-0003/model.safetensors"]["bytes"] == len(b"weights 3") * 10
+    # applying it again (a re-run replays every step) prunes nothing more
+    assert pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5,
+                                   keep_optimizer_last=1, keep_weights_every=2) == []
+
+
+def test_pruned_checkpoints_verify_as_pruned_not_missing(root: str) -> None:
+    layout = _run(root)
+    # step 0: weights, config, metadata; steps 1-5: + metrics and 2 optimizer files -> 3 + 5 * 6 = 33
+    assert verify_run(layout.root) == ([], 33) and pruned_outputs(layout.root) == []
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    assert verify_run(layout.root) == ([], 33 - 10)
+    assert pruned_outputs(layout.root) == [
+        f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state (3 files, 0.0 GB)",
+        f"{layout.checkpoint(2)}: pruned by the retention policy: optimizer state (2 files, 0.0 GB)",
+        f"{layout.checkpoint(3)}: pruned by the retention policy: weights, optimizer state (3 files, 0.0 GB)",
+        f"{layout.checkpoint(4)}: pruned by the retention policy: optimizer state (2 files, 0.0 GB)",
+    ]
+    # a kept file that is deleted is still a problem
+    run_store.remove(run_store.join(layout.checkpoint(4), WEIGHTS))
+    problems, _ = verify_run(layout.root)
+    assert problems == [f"{run_store.join(layout.checkpoint(4), WEIGHTS)}: missing"]
+
+
+def test_pruned_checkpoints_stay_cache_hits_and_their_digests_unchanged(root: str) -> None:
+    layout = _run(root)
+    paths = [layout.checkpoint(s) for s in STEPS]
+    before = [digests.upstream_digest([p]) for p in paths]
+    task = _FakeCachedTask(lambda out: out)  # publishes nothing: a re-make would fail the check
+    for path in paths:
+        asyncio.run(pruning_call(task, path))
+    pruning.apply_retention(dict(zip(STEPS, paths)), latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    for path in paths:
+        assert asyncio.run(pruning_call(task, path)) == path
+    assert task.body_runs == len(paths)  # only the first calls ran the body: every later one a cache hit
+    assert [digests.upstream_digest([p]) for p in paths] == before  # downstream cache keys unchanged
+
+
+async def pruning_call(task: _FakeCachedTask, path: str) -> str:
+    from workflows.verified_calls import call_verified
+
+    return await call_verified(task, [path], path)
+
+
+def test_lineage_reads_pruned_checkpoints(tmp_path: Path) -> None:
+    layout = _run(str(tmp_path / "run"))
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    chain = checkpoint_lineage(layout, "3")["ancestry"]
+    assert [c["step"] for c in chain] == [3, 2, 1, 0]
+
+
+def test_dapo_verify_prints_pruned_checkpoints_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    layout = _run(str(tmp_path / "run"))
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    assert main(["verify", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr()
+    assert f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state" in out.out
+    assert "23 recorded file(s) checked, 4 checkpoint(s) pruned by the retention policy, intact" in out.err
