@@ -199,7 +199,7 @@ def run_folder(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def _ask(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "ask", *args], cwd=REPO, env=_env(),
+    return subprocess.run([sys.executable, "-m", "workflows.cli", "ask", *args], cwd=REPO, env=_env(), check=False,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -54,19 +54,22 @@ def _template(policy: PolicySource, given: str | None) -> str:
     return policy.run_config.curate.prompt_template if policy.run_config else TINY_TEMPLATE
 
 
+def _given_or(given: Any, default: Any) -> Any:
+    return default if given is None else given
+
+
 def sampling_config(policy: PolicySource, args: argparse.Namespace) -> tuple[RolloutConfig, int]:
     """The engine (the run's rollout section) with the evaluation's sampling; and the seed."""
     run = policy.run_config
     evaluation = run.evaluate if run else EvalConfig()
-    pick = lambda given, default: default if given is None else given  # noqa: E731
     config = replace(
         run.rollout if run else RolloutConfig(),
         samples_per_prompt=args.samples,
-        temperature=pick(args.temperature, evaluation.temperature),
-        top_p=pick(args.top_p, evaluation.top_p),
-        max_response_tokens=pick(args.max_tokens, evaluation.max_response_tokens),
+        temperature=_given_or(args.temperature, evaluation.temperature),
+        top_p=_given_or(args.top_p, evaluation.top_p),
+        max_response_tokens=_given_or(args.max_tokens, evaluation.max_response_tokens),
     )
-    return config, pick(args.seed, evaluation.seed)
+    return config, _given_or(args.seed, evaluation.seed)
 
 
 def verdict_line(verdict: Verdict, gold: str) -> str:
