@@ -102,7 +102,8 @@ def _wait_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
         if process.poll() is not None:
             pytest.fail(f"dapo serve exited with code {process.returncode} before /v1/models answered; log tail:\n{_tail(log)}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+            # ready: the server answers, and dapo serve said so (its own check comes a moment later)
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200 and "dapo serve: http" in log.read_text():
                 return
         except httpx.HTTPError:
             pass
