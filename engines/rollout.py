@@ -113,7 +113,8 @@ def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str]) -> list[lis
 
 
 def model_max_positions(checkpoint_dir: str | Path) -> int:
-    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    """The context the checkpoint's model was built for (its config.json; a path or a URI)."""
+    config = json.loads(run_store.read_text(run_store.join(str(checkpoint_dir), "config.json")))
     return int(config.get("max_position_embeddings") or 2048)
 
 

@@ -60,21 +60,36 @@ class EngineSettings:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def configure_process(cpu_threads: int = 0) -> int:
+def engine_environment(cpu_threads: int = 0, cpu_kvcache_gib: int = 1) -> dict[str, str]:
+    """The variables a CPU engine reads at import and start: threads, binding, KV cache, logging.
+
+    Values already in the environment win (a user can override any of them), except
+    ``OMP_NUM_THREADS``: vLLM's CPU attention aborts if torch runs another thread count, so it is
+    always the resolved count. Only the CPU build reads them; harmless with CUDA. Used for the
+    in-process engine (``configure_process``) and for a served one (engines/serving.py).
+    """
+    defaults = {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # by default vLLM reserves a core
+        "VLLM_CPU_KVCACHE_SPACE": str(cpu_kvcache_gib),  # GiB
+        "VLLM_CONFIGURE_LOGGING": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+    env = {name: os.environ.get(name, value) for name, value in defaults.items()}
+    env["OMP_NUM_THREADS"] = str(resolve_cpu_threads(cpu_threads))
+    return env
+
+
+def configure_process(cpu_threads: int = 0, cpu_kvcache_gib: int = 1) -> int:
     """Set the environment vLLM reads at import/engine start; returns the thread count used.
 
-    Must run before the first engine is created. Values already in the environment win, so a
-    user can override any of them. Only matters for the CPU build; harmless with CUDA.
+    Must run before the first engine is created (see ``engine_environment``); the engine core
+    runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, unless the user set it).
     """
-    threads = resolve_cpu_threads(cpu_threads)
+    env = engine_environment(cpu_threads, cpu_kvcache_gib)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine core
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # by default vLLM reserves a core
-    # vLLM's CPU attention reads OMP_NUM_THREADS and aborts if torch runs another thread count.
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.update(env)
     torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
-    return threads
+    return int(env["OMP_NUM_THREADS"])
 
 
 def is_cpu_platform() -> bool:
@@ -114,16 +129,12 @@ def architecture_digest(checkpoint_dir: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
-    """Start a vLLM engine on ``checkpoint_dir`` (an HF folder with weights and tokenizer)."""
-    threads = configure_process(settings.cpu_threads)
-    # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; set
-    # the count first and restore the function after, so code in the same process (tests,
-    # benchmarks, a trainer) keeps control of its own threads.
-    original_set_num_threads = torch.set_num_threads
-    original_set_num_threads(threads)
-    from vllm import LLM
+def engine_kwargs(checkpoint_dir: str | Path, settings: EngineSettings, *, on_cpu: bool) -> dict[str, Any]:
+    """vLLM engine arguments for ``checkpoint_dir`` (``LLM(**kwargs)``; ``vllm serve`` flags by name).
 
+    One list for the rollout engine and a served one (engines/serving.py), so both run the
+    checkpoint the same way.
+    """
     kwargs: dict[str, Any] = dict(
         model=str(checkpoint_dir),
         tokenizer=str(checkpoint_dir),
@@ -138,14 +149,25 @@ def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
         # rollout settings must come from RolloutConfig only.
         generation_config="vllm",
     )
-    if is_cpu_platform():
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_gib))
-    else:
+    if not on_cpu:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = settings.tensor_parallel_size
+    return kwargs
+
+
+def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
+    """Start a vLLM engine on ``checkpoint_dir`` (an HF folder with weights and tokenizer)."""
+    threads = configure_process(settings.cpu_threads, settings.cpu_kvcache_gib)
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; set
+    # the count first and restore the function after, so code in the same process (tests,
+    # benchmarks, a trainer) keeps control of its own threads.
+    original_set_num_threads = torch.set_num_threads
+    original_set_num_threads(threads)
+    from vllm import LLM
+
     try:
-        return LLM(**kwargs)
+        return LLM(**engine_kwargs(checkpoint_dir, settings, on_cpu=is_cpu_platform()))
     finally:
         torch.set_num_threads = original_set_num_threads
 

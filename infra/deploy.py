@@ -14,7 +14,9 @@ contacting anything. On top of what Flyte accepts, it fails when
 With ``--config`` the run config is validated and sized for a cluster of GPU nodes
 (infra/sizing.py); the resolved resources are printed and go into the serialised specs
 (through ``DAPO_CLUSTER_PLAN``, read by infra/environments.py). ``--sizing`` prints the sizing
-tables of docs/CLUSTER.md. Without ``--dry-run`` the same environments are registered with the
+tables of docs/CLUSTER.md. ``--serve s3://.../RUN`` adds the serving app (infra/serving_app.py) for a
+checkpoint in the object store, or a run's final one, named and configured as ``dapo serve`` would
+(only its metadata and config.json are read). Without ``--dry-run`` the same environments are registered with the
 backend of ``--flyte-config`` (not verified here: no cluster).
 
 Flyte and the task modules are imported only after the target and plan are set in the process
@@ -194,7 +196,7 @@ def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
     rows = []
     for deployment in deployments:
         for env_name, deployed_env in deployment.envs.items():
-            for entity in deployed_env.deployed_entities:
+            for entity in getattr(deployed_env, "deployed_entities", ()):  # apps have none
                 template = entity.deployed_task.task_template
                 container = template.container if template.HasField("container") else None
                 pod = template.k8s_pod if template.HasField("k8s_pod") else None
@@ -220,6 +222,25 @@ def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
                         "plugin": _plugin_summary(template.type, custom),
                     }
                 )
+    return rows
+
+
+def app_rows(deployments: list[Any]) -> list[dict[str, Any]]:
+    """One dict per serialised app (``dapo deploy --serve``): name, image, resources, args."""
+    rows = []
+    for deployment in deployments:
+        for env_name, deployed_env in deployment.envs.items():
+            app = getattr(deployed_env, "deployed_app", None)
+            if app is None:
+                continue
+            spec = app.pb2.spec
+            container = spec.container
+            rows.append({
+                "app": env_name,
+                "image": container.image,
+                "resources": {_resource_name(r.name): r.value for r in container.resources.requests},
+                "args": list(container.args),
+            })
     return rows
 
 
@@ -264,7 +285,8 @@ def pickled_interfaces(rows: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
-def serialise(envs: list[Any], *, dry_run: bool, version: str) -> list[dict[str, Any]]:
+def serialise(envs: list[Any], *, dry_run: bool, version: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(task rows, app rows)`` of every environment, serialised (and registered unless ``dry_run``)."""
     import flyte
 
     try:
@@ -273,10 +295,39 @@ def serialise(envs: list[Any], *, dry_run: bool, version: str) -> list[dict[str,
         raise DeployError(
             f"serialising environments {[e.name for e in envs]} failed: {type(err).__name__}: {err}"
         ) from err
-    return task_rows(deployments)
+    return task_rows(deployments), app_rows(deployments)
 
 
-def format_rows(rows: list[dict[str, Any]]) -> str:
+def serving_environment(checkpoint: str, plan_env: dict[str, Any]) -> Any:
+    """The serving app (infra/serving_app.py) for ``checkpoint`` (or a run folder's final one).
+
+    Reads only the checkpoint's metadata and config (never its weights): its id names the served
+    model, its context and the run's rollout section give the engine flags, as ``dapo serve``.
+    """
+    from engines import rollout, serving
+    from infra.serving_app import serving_app
+    from settings.rollout import RolloutConfig
+    from storage import checkpoints, run_store
+    from workflows.policy_source import locate_checkpoint, run_config, run_folder_of
+
+    if not run_store.is_remote(checkpoint):
+        raise DeployError(f"--serve {checkpoint}: the serving app streams the checkpoint from the object store; "
+                          "pass its URI (s3://..., gs://..., abfs://...)")
+    try:
+        source = locate_checkpoint(checkpoint)
+        run_dir = run_folder_of(source)
+        config = run_config(run_dir).rollout if run_dir else RolloutConfig()
+        tensor_parallel = int(plan_env.get("rollout_tensor_parallel") or config.tensor_parallel_size)
+        config = dataclasses.replace(config, tensor_parallel_size=tensor_parallel)
+        settings = rollout.engine_settings(config, config.max_model_len or rollout.model_max_positions(source))
+        model_id = checkpoints.read_info(source).checkpoint_id
+    except (checkpoints.CheckpointError, FileNotFoundError, ValueError) as err:
+        raise DeployError(f"--serve {checkpoint}: {err}") from err
+    return serving_app(model_path=source, model_id=model_id, engine_flags=serving.engine_flags(settings, on_cpu=False),
+                       gpus=tensor_parallel)
+
+
+def format_rows(rows: list[dict[str, Any]], apps: list[dict[str, Any]] = ()) -> str:
     lines = []
     for env in sorted({r["environment"] for r in rows}):
         lines.append(f"environment {env}:")
@@ -286,6 +337,10 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             lines.append(f"    inputs: {', '.join(row['inputs']) or '-'}  ->  outputs: {', '.join(row['outputs']) or '-'}")
             if row["plugin"]:
                 lines.append(f"    {row['plugin']}")
+    for app in apps:
+        res = ", ".join(f"{k}={v}" for k, v in sorted(app["resources"].items())) or "-"
+        lines.append(f"app {app['app']}:  image {app['image'] or '-'}  requests {res}")
+        lines.append(f"    {' '.join(app['args'])}")
     return "\n".join(lines)
 
 
@@ -311,6 +366,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-store-mount", default="/runs", help="where the run store is mounted (default: %(default)s)")
     parser.add_argument("--sizing", action="store_true", help="print the sizing tables (docs/CLUSTER.md) and exit")
     parser.add_argument("--sizing-out", help="with --sizing: also write the tables to this file")
+    parser.add_argument("--serve", metavar="CHECKPOINT",
+                        help="also deploy the serving app (vLLM, OpenAI API) for this checkpoint: an object-store URI "
+                             "of a checkpoint folder, or of a run folder (its final checkpoint)")
     parser.add_argument("--flyte-config", help="Flyte config of the backend to register with (not with --dry-run)")
     parser.add_argument("--project", default="dapo", help="Flyte project (dry run; default: %(default)s)")
     parser.add_argument("--domain", default="development", help="Flyte domain (dry run; default: %(default)s)")
@@ -358,7 +416,9 @@ def _deploy(args: argparse.Namespace) -> int:
     if environments.TARGET != args.target:
         raise DeployError(f"environments were built for target {environments.TARGET!r}, not {args.target!r}")
     check_expected_tasks(envs)
-    rows = serialise(envs, dry_run=args.dry_run, version=args.version or ("dry-run" if args.dry_run else ""))
+    if args.serve:
+        envs.append(serving_environment(args.serve, plan_env))
+    rows, apps = serialise(envs, dry_run=args.dry_run, version=args.version or ("dry-run" if args.dry_run else ""))
     pickled = pickled_interfaces(rows)
     if pickled:
         raise DeployError(
@@ -366,15 +426,16 @@ def _deploy(args: argparse.Namespace) -> int:
             + "; ".join(pickled)
         )
     verb = "would register" if args.dry_run else "registered"
-    print(f"dapo deploy ({args.target}): {verb} {len(rows)} task(s) in {len(envs)} environment(s)")
-    print(format_rows(rows))
+    served = f" and {len(apps)} app(s)" if apps else ""
+    print(f"dapo deploy ({args.target}): {verb} {len(rows)} task(s) in {len(envs) - len(apps)} environment(s){served}")
+    print(format_rows(rows, apps))
     if plan is not None:
         print(sizing.format_plan(plan))
         print(describe_handoff(config, plan))
     elif args.config:
         print("resolved resources: the tiny policy needs no GPU (one engine, one training process)")
     if args.json_out:
-        payload = {"tasks": rows, "plan": dataclasses.asdict(plan) if plan else None, "cluster_plan_env": plan_env}
+        payload = {"tasks": rows, "apps": apps, "plan": dataclasses.asdict(plan) if plan else None, "cluster_plan_env": plan_env}
         Path(args.json_out).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return 0
 

@@ -69,12 +69,13 @@ def is_complete(folder: str | Path) -> bool:
 
 
 def read_info(folder: str | Path) -> CheckpointInfo:
-    """Load ``dapo_checkpoint.json``; a clear error when the folder is not a complete checkpoint."""
-    path = Path(folder) / METADATA_FILE
-    if not path.is_file():
+    """Load ``dapo_checkpoint.json`` of a folder (a path, or an object-store URI: the metadata
+    alone is read); a clear error when the folder is not a complete checkpoint."""
+    if not is_complete(folder):
         raise CheckpointError(f"{folder}: not a complete checkpoint (no {METADATA_FILE})")
+    path = run_store.join(folder, METADATA_FILE)
     try:
-        return CheckpointInfo(**json.loads(path.read_text()))
+        return CheckpointInfo(**json.loads(run_store.read_text(path)))
     except (json.JSONDecodeError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
 

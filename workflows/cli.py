@@ -22,6 +22,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "score": ("workflows.commands.score", "reward, overlong handling, advantages and dynamic sampling -> ScoredRollout"),
     "train": ("workflows.commands.train", "one DeepSpeed DAPO step from a checkpoint and ScoredRollout shards"),
     "eval": ("workflows.commands.evaluate", "avg@k / pass@k / maj@k of a checkpoint on a problem set"),
+    "serve": ("workflows.commands.serve", "an OpenAI-compatible HTTP endpoint (vLLM) on a checkpoint or a run's final one"),
+    "ask": ("workflows.commands.ask", "sample answers to one problem from a checkpoint, with the reward's verdict"),
     "ablate": ("workflows.ablation", "the paper's ablation ladder (naive GRPO ... DAPO) over several seeds"),
     "lineage": ("workflows.lineage", "trace a training sample or checkpoint back to its origins"),
     "verify": ("workflows.verify", "check every output of a run folder against its recorded digests"),

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 PAPER_CONFIG = REPO / "configs" / "qwen2.5-32b-dapo.yaml"
 
 
-def _deploy(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": "1"}
+def _deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": "1"}
     env.pop("DAPO_FLYTE_TARGET", None)
     env.pop("DAPO_CLUSTER_PLAN", None)
     return subprocess.run(
@@ -87,3 +87,36 @@ def test_a_module_that_fails_to_import_fails_the_dry_run(tmp_path: Path) -> None
     result = _deploy("--dry-run", "--module", str(module))
     assert result.returncode == 1
     assert f"importing {module}" in result.stderr
+
+
+def test_serve_adds_the_serving_app_for_an_object_store_checkpoint(s3_env, tmp_path: Path) -> None:
+    # A run folder in the object store: --serve names the run, the app serves its final checkpoint
+    # under its checkpoint id, with the rollout engine's flags (the run's dtype, the model's context).
+    from engines import tiny_policy
+    from storage import checkpoints, run_store
+    from workflows.config import load_config
+
+    run = f"s3://dapo-test/serve-{uuid.uuid4().hex[:8]}/tiny"
+    for step in (0, 3):
+        local = tiny_policy.build_random_checkpoint(tmp_path / f"step-{step}", seed=step)
+        run_store.upload_folder(local, f"{run}/checkpoints/step-{step:04d}")
+    config = load_config(REPO / "configs" / "tiny-cpu.yaml", ["rollout.dtype=bfloat16"])
+    run_store.write_text(f"{run}/run.json", json.dumps({"config": config.to_dict()}))
+    out = tmp_path / "deploy.json"
+    result = _deploy("--dry-run", "--serve", run, "--json-out", str(out), env=s3_env.env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "would register 8 task(s) in 3 environment(s) and 1 app(s)" in result.stdout
+    [app] = json.loads(out.read_text())["apps"]
+    final_id = checkpoints.read_info(tmp_path / "step-3").checkpoint_id
+    assert app["app"] == "dapo-serve" and app["resources"]["gpu"] == "1"
+    args = " ".join(app["args"])
+    assert args.startswith(f"vllm-fserve serve /tmp/flyte/model --served-model-name {final_id} --port 8080 ")
+    for flag in ("--dtype bfloat16", f"--max-model-len {tiny_policy.DEFAULT_MAX_POSITIONS}", "--logprobs-mode raw_logprobs",
+                 "--generation-config vllm"):
+        assert flag in args, flag
+
+
+def test_serve_refuses_a_local_checkpoint(tmp_path: Path) -> None:
+    result = _deploy("--dry-run", "--serve", str(tmp_path))
+    assert result.returncode == 1
+    assert f"--serve {tmp_path}: the serving app streams the checkpoint from the object store" in result.stderr

