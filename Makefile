@@ -11,7 +11,7 @@ run: setup
 	.venv/bin/dapo run --config $(CONFIG)
 
 test: setup
-	.venv/bin/python -m pytest -q $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
