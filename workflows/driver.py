@@ -440,7 +440,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     stages = _PipelineStages(cfg, layout, prepared, started=started, live_report=live_report)
     progress.begin(drv.name, drv.steps)
     settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
-                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
+                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed, pipelined=drv.pipelined)
     plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
