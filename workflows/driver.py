@@ -7,6 +7,7 @@ of the config and of task outputs, so a re-run replays it exactly over cache hit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -24,6 +25,7 @@ from flyte.io import Dir, File
 
 import schemas
 from dapo_core.intervals import paired_change
+from engines import threads
 from engines.policy_bootstrap import policy_tokenizer_folder
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import group_keys_of
@@ -233,6 +235,13 @@ class RunOutcome:
     accuracy_after: float  # held-out avg@k of the final checkpoint
 
 
+def stage_cores(cfg: RunConfig) -> contextlib.AbstractContextManager[None]:
+    """Pipelined, rollout and training run at once: on one machine each takes half the cores (the
+    vLLM engine's threads, each DeepSpeed rank's; engines/threads.py), for the whole run, since the
+    engine keeps the thread count it started with. Synchronous, each takes them all in turn."""
+    return threads.sharing_cores(2) if cfg.run.pipelined else contextlib.nullcontext()
+
+
 @cpu_env.task(report=True)
 async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     """Run or resume the DAPO pipeline described by ``run_config`` (every stage's settings, a typed
@@ -240,8 +249,9 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     started = time.perf_counter()
     layout = RunLayout(run_dir)
     start_run_folder(run_config, layout)
-    prepared = await prepare_run(run_config, layout)
-    summary = await train_and_report(run_config, layout, prepared, started=started)
+    with stage_cores(run_config):
+        prepared = await prepare_run(run_config, layout)
+        summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
     return RunOutcome(
         summary=File.from_existing_remote(str(layout.summary)), report=File.from_existing_remote(summary["report"]),
