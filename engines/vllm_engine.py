@@ -212,6 +212,7 @@ class _CachedEngine:
     llm: LLM
     checkpoint_dir: Path
     weights_key: str  # what the engine holds now (folder + metadata contents)
+    threads: int  # the OpenMP thread count it started with (every thread that uses it must run that many)
 
 
 _ENGINES: dict[tuple[str, str], _CachedEngine] = {}
@@ -241,8 +242,12 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LL
     cached = _ENGINES.get(key)
     if cached is None:
         llm = create_engine(folder, settings)
-        _ENGINES[key] = _CachedEngine(llm, folder, wanted)
+        _ENGINES[key] = _CachedEngine(llm, folder, wanted, torch.get_num_threads())
         return llm, "started"
+    # The OpenMP thread count is per calling thread, and Flyte runs each task in a thread of its
+    # own whose count is the process default: vLLM's CPU attention aborts unless the thread that
+    # generates runs the engine's count (pipelined runs give the engine fewer than the default).
+    torch.set_num_threads(cached.threads)
     if cached.weights_key == wanted:
         return cached.llm, "reused"
     reload_weights(cached.llm, folder)
