@@ -54,7 +54,7 @@ def _dapo_run(config: str, sets: list[str], run_root: Path, log: Path) -> float:
     env.pop("OMP_NUM_THREADS", None)  # each mode picks its own thread counts (engines/threads.py)
     started = time.perf_counter()
     with log.open("w") as handle:
-        proc = subprocess.run(args, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        proc = subprocess.run(args, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False)
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         sys.exit(f"dapo run failed ({' '.join(args)}); see {log}:\n{log.read_text()[-3000:]}")

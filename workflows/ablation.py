@@ -144,7 +144,12 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
     import flyte.report
 
     from workflows.ablation_report import write_ablation
-    from workflows.driver import prepare_run, stage_cores, start_run_folder, train_and_report
+    from workflows.driver import (
+        prepare_run,
+        stage_cores,
+        start_run_folder,
+        train_and_report,
+    )
 
     started = time.perf_counter()
     base = run_config

@@ -86,8 +86,8 @@ class DriverConfig:
         # (and a resume may generate from it again): retention must keep its weights.
         check_fields(self, {
             "keep_optimizer_checkpoints": (not self.pipelined or self.keep_optimizer_checkpoints != 1,
-                                           "must be 0 or >= 2 with run.pipelined (the checkpoint before the latest "
-                                           "is the policy the next step's rollouts use)"),
+                                           ("must be 0 or >= 2 with run.pipelined (the checkpoint before the latest "
+                                            "is the policy the next step's rollouts use)")),
         })
 
 

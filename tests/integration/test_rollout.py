@@ -270,5 +270,5 @@ def test_a_task_thread_generates_on_an_engine_with_fewer_threads_than_the_proces
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     proc = subprocess.run([sys.executable, "-c", _OTHER_THREAD, str(tmp_path / "ckpt")], env=env, cwd=repo,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "OK" in proc.stdout.splitlines()[-1], (proc.stdout[-2000:], proc.stderr[-3000:])

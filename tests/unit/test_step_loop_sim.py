@@ -243,7 +243,7 @@ def test_synchronous_generation_uses_the_policy_the_previous_step_trained() -> N
     pool = [f"q{i:04d}" for i in range(400)]
     loop = LoopSettings(steps=4, prompts_per_step=8, prompts_per_round=12, max_rounds=3,
                         on_max_rounds="train_on_partial", seed=3)
-    plans, stages = simulate(loop, beta_solve_rates(pool, a=1, b=1, seed=3), 8)
+    _, stages = simulate(loop, beta_solve_rates(pool, a=1, b=1, seed=3), 8)
     assert stages.generated_from and all(after == step - 1 for step, _, after in stages.generated_from)
     for step in sorted({step for step, _, _ in stages.generated_from} - {1}):
         assert stages.events.index(("train_end", step - 1)) < stages.events.index(("generate", step, 0))
