@@ -30,7 +30,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = {"sync": "false", "pipelined": "true"}
+# mode -> (run.pipelined, OMP_NUM_THREADS for the whole run or None = the run's own choice).
+# "sync-1thread" is the control: synchronous with each side on one thread, as pipelined runs them,
+# which tells the overlap's gain apart from the thread count's (on a loaded machine 2 OpenMP threads
+# can be slower than 1).
+MODES = {"sync": ("false", None), "pipelined": ("true", None), "sync-1thread": ("false", "1")}
 
 
 def _load() -> list[float]:
@@ -45,13 +49,15 @@ def _cpu_model() -> str:
     return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown")
 
 
-def _dapo_run(config: str, sets: list[str], run_root: Path, log: Path) -> float:
+def _dapo_run(config: str, sets: list[str], run_root: Path, log: Path, threads: str | None = None) -> float:
     """``dapo run`` in a child process (its own engines and thread counts); returns its wall seconds."""
     args = [sys.executable, "-m", "workflows.cli", "run", "--config", config, "--run-root", str(run_root)]
     for item in sets:
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("OMP_NUM_THREADS", None)  # each mode picks its own thread counts (engines/threads.py)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
     started = time.perf_counter()
     with log.open("w") as handle:
         proc = subprocess.run(args, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT, check=False)
@@ -74,6 +80,7 @@ def main() -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["sync", "pipelined"])
     parser.add_argument("--set", action="append", default=[], help="extra overrides for every run")
     parser.add_argument("--work", default="/tmp/dapo-pipelined-bench", help="scratch folder (logs, the prepared copy)")
     parser.add_argument("--run-root", help="where the runs run (default WORK/runs); a run.steps=0 run of the "
@@ -98,7 +105,8 @@ def main() -> int:
         print(f"  {prepare_s:.0f} s", flush=True)
     runs = []
     for seed in args.seeds:
-        for mode, flag in MODES.items():
+        for mode in args.modes:
+            flag, threads = MODES[mode]
             # Same path as the prepared run: the shared tasks' cache keys (their output paths) match.
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.copytree(prepared, run_dir, symlinks=True)
@@ -106,12 +114,12 @@ def main() -> int:
                 (run_dir / stale).unlink(missing_ok=True)
             load_before = _load()
             wall = _dapo_run(args.config, [*common, f"run.steps={args.steps}", f"run.seed={seed}",
-                                           f"run.pipelined={flag}"], root, work / f"{mode}-seed{seed}.log")
+                                           f"run.pipelined={flag}"], root, work / f"{mode}-seed{seed}.log", threads)
             summary = json.loads((run_dir / "summary.json").read_text())
             metrics = _step_metrics(run_dir, args.steps)
             loop_s = sum(summary["step_seconds"])
             run = {
-                "mode": mode, "seed": seed, "steps": args.steps,
+                "mode": mode, "omp_num_threads": threads, "seed": seed, "steps": args.steps,
                 "steps_per_min": round(60 * args.steps / loop_s, 3), "loop_seconds": round(loop_s, 1),
                 "wall_seconds": round(wall, 1), "step_seconds": summary["step_seconds"],
                 "accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
@@ -123,7 +131,7 @@ def main() -> int:
                 "load_before": load_before, "load_after": _load(),
             }
             runs.append(run)
-            print(f"{mode:9s} seed {seed}: {run['steps_per_min']:.2f} steps/min ({loop_s:.0f} s loop), held-out "
+            print(f"{mode:12s} seed {seed}: {run['steps_per_min']:.2f} steps/min ({loop_s:.0f} s loop), held-out "
                   f"{run['accuracy_before']:.3f} -> {run['accuracy_after']:.3f}, load {load_before} -> {run['load_after']}",
                   flush=True)
 
@@ -132,7 +140,7 @@ def main() -> int:
 
     by_mode = {mode: {"steps_per_min": round(mean(mode, "steps_per_min"), 3),
                       "accuracy_after": round(mean(mode, "accuracy_after"), 4),
-                      "accuracy_before": round(mean(mode, "accuracy_before"), 4)} for mode in MODES}
+                      "accuracy_before": round(mean(mode, "accuracy_before"), 4)} for mode in args.modes}
     speedups = [p["steps_per_min"] / s["steps_per_min"] for s in runs if s["mode"] == "sync"
                 for p in runs if p["mode"] == "pipelined" and p["seed"] == s["seed"]]
     result = {
@@ -141,14 +149,14 @@ def main() -> int:
         "mean": by_mode, "speedup_per_seed": [round(x, 3) for x in speedups], "runs": runs,
     }
     print()
-    print(f"{'mode':10s} {'seed':>4s} {'steps/min':>10s} {'loop s':>8s} {'acc before':>10s} {'acc after':>10s} "
+    print(f"{'mode':12s} {'seed':>4s} {'steps/min':>10s} {'loop s':>8s} {'acc before':>10s} {'acc after':>10s} "
           f"{'max lag':>7s} {'load 1m':>12s}")
     for r in runs:
-        print(f"{r['mode']:10s} {r['seed']:4d} {r['steps_per_min']:10.2f} {r['loop_seconds']:8.0f} "
+        print(f"{r['mode']:12s} {r['seed']:4d} {r['steps_per_min']:10.2f} {r['loop_seconds']:8.0f} "
               f"{r['accuracy_before']:10.3f} {r['accuracy_after']:10.3f} {r['max_policy_lag_steps']:7d} "
               f"{r['load_before'][0]:5.2f}->{r['load_after'][0]:5.2f}")
     for mode, m in by_mode.items():
-        print(f"{mode:10s} mean {m['steps_per_min']:10.2f} {'':8s} {m['accuracy_before']:10.3f} {m['accuracy_after']:10.3f}")
+        print(f"{mode:12s} mean {m['steps_per_min']:10.2f} {'':8s} {m['accuracy_before']:10.3f} {m['accuracy_after']:10.3f}")
     print(f"pipelined / sync steps/min per seed: {result['speedup_per_seed']}  (CPU: {result['cpu_model']}, {os.cpu_count()} cores)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
