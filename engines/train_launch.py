@@ -25,9 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engines import threads
+from engines import threads, train_server
 from engines import train_batch as tb
-from engines import train_server
 from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
