@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -193,7 +193,8 @@ async def run_steps(
     return out
 
 
-async def train_beside(training: Any, sampling: Any) -> StepPlan | None:
+async def train_beside(training: Coroutine[Any, Any, None],
+                       sampling: Coroutine[Any, Any, StepPlan] | None) -> StepPlan | None:
     """Await the ``training`` coroutine with the ``sampling`` one (or None) running beside it; returns its plan.
 
     A failed training step cancels the sampling (nothing runs on after the failure, as after a
@@ -215,4 +216,5 @@ async def train_beside(training: Any, sampling: Any) -> StepPlan | None:
     return await ahead
 
 
-__all__ = ["GeneratedRound", "GroupRef", "LoopSettings", "StepPlan", "StepStages", "run_steps", "sample_step"]
+__all__ = ["GeneratedRound", "GroupRef", "LoopSettings", "StepPlan", "StepStages", "run_steps", "sample_step",
+           "train_beside"]

@@ -259,3 +259,61 @@ def test_a_failed_pipelined_train_stops_the_generation_running_beside_it() -> No
     # Nothing finished after the kill: no checkpoint of step 2 and no round of step 4.
     assert not any(key[1] == 2 for key in cache.checkpoints)
     assert not any(key[1] == 4 for key in cache.rounds)
+
+
+def test_a_failed_pipelined_sampling_lets_the_training_beside_it_finish_then_raises() -> None:
+    # Under on_max_rounds: raise, step 2's rounds find nothing while step 1 trains: step 1's
+    # checkpoint is published (as the synchronous loop would have), then the error comes.
+    import asyncio
+
+    from dapo_core.sampling import REASON_ALL_CORRECT, REASON_KEPT
+    from workflows.step_loop import GeneratedRound, GroupRef, run_steps
+
+    events: list[str] = []
+
+    class Stages:
+        async def generate(self, step: int, generation_round: int, problem_ids: list[str], behaviour_step: int):
+            reason = REASON_KEPT if step == 1 else REASON_ALL_CORRECT
+            events.append(f"generate {step}")
+            return GeneratedRound(groups=[(f"{pid}|{step}", reason, GroupRef(pid, "s", step, behaviour_step))
+                                          for pid in problem_ids])
+
+        async def train(self, plan: StepPlan) -> None:
+            for _ in range(50):  # long beside the rounds, which fail at once
+                await asyncio.sleep(0)
+            events.append(f"trained {plan.step}")
+
+    loop = LoopSettings(steps=3, prompts_per_step=2, prompts_per_round=2, max_rounds=1, on_max_rounds="raise",
+                        seed=0, pipelined=True)
+    with pytest.raises(DynamicSamplingExhaustedError):
+        asyncio.run(run_steps(loop, [f"q{i}" for i in range(20)], Stages()))
+    assert events == ["generate 1", "generate 2", "trained 1"]
+
+
+def test_a_failed_pipelined_training_cancels_the_rounds_beside_it() -> None:
+    import asyncio
+
+    from workflows.step_loop import train_beside
+
+    seen: list[str] = []
+
+    async def training() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("train task failed")
+
+    async def sampling() -> StepPlan:
+        try:
+            for _ in range(50):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append("finished")
+        raise AssertionError("unreachable")
+
+    async def driver() -> list[str]:
+        with pytest.raises(RuntimeError, match="train task failed"):
+            await train_beside(training(), sampling())
+        return list(seen)  # when the failure reaches the loop, not when the event loop shuts down
+
+    assert asyncio.run(driver()) == ["cancelled"]
