@@ -170,9 +170,10 @@ def generate_part(
     """
     from vllm import SamplingParams
 
-    llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
     params = [SamplingParams(n=1, logprobs=0, seed=r["seed"], **sampling) for r in requests]
-    outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
+    with vllm_engine.engine_in_use():  # pipelined: a rollout and an evaluation may come from two threads
+        llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
+        outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
     results = []
     for request, output in zip(requests, outputs):
         completion = output.outputs[0]

@@ -25,8 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from engines import threads, train_server
 from engines import train_batch as tb
-from engines import train_server
 from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
@@ -47,8 +47,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def _worker_env(num_processes: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    # Oversubscribed threads are catastrophic on small machines: split the cores between ranks.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_processes)))
+    # Oversubscribed threads are catastrophic on small machines: split the cores between ranks (the
+    # trainer's share of them while pipelined rollouts run beside it: engines/threads.py).
+    env.setdefault("OMP_NUM_THREADS", str(max(1, threads.stage_cpus() // num_processes)))
     env.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
     return env
 

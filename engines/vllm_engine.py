@@ -10,6 +10,9 @@ cache (``get_engine``). Asking for another checkpoint of the same architecture r
 weights into the live engine (vLLM's in-place ``reload_weights``, ~0.1 s for a small model) and
 resets the prefix cache, instead of a restart; a new process starts from the checkpoint folder.
 
+Threads of one process (pipelined steps: a rollout beside an evaluation) take turns on the engine:
+:func:`engine_in_use` holds it for a weight reload and the generation that follows.
+
 Log-probs: requests ask for ``logprobs=0`` (the sampled token's log-prob only). The engine runs
 with ``logprobs_mode="raw_logprobs"``, i.e. log-softmax of the model's logits before temperature
 and top-p, which is exactly what the trainer computes for the policy at temperature 1 (the
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -230,9 +234,17 @@ class _CachedEngine:
     llm: LLM
     checkpoint_dir: Path
     weights_key: str  # what the engine holds now (folder + metadata contents)
+    threads: int  # the OpenMP thread count it started with (every thread that uses it must run that many)
 
 
 _ENGINES: dict[tuple[str, str], _CachedEngine] = {}
+_IN_USE = threading.RLock()
+
+
+def engine_in_use() -> threading.RLock:
+    """Hold while getting an engine and generating with it: one caller at a time per process, so a
+    reload for one checkpoint never lands in the middle of another's generation."""
+    return _IN_USE
 
 
 def _weights_key(checkpoint_dir: Path) -> str:
@@ -252,8 +264,12 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LL
     cached = _ENGINES.get(key)
     if cached is None:
         llm = create_engine(folder, settings)
-        _ENGINES[key] = _CachedEngine(llm, folder, wanted)
+        _ENGINES[key] = _CachedEngine(llm, folder, wanted, torch.get_num_threads())
         return llm, "started"
+    # The OpenMP thread count is per calling thread, and Flyte runs each task in a thread of its
+    # own whose count is the process default: vLLM's CPU attention aborts unless the thread that
+    # generates runs the engine's count (pipelined runs give the engine fewer than the default).
+    torch.set_num_threads(cached.threads)
     if cached.weights_key == wanted:
         return cached.llm, "reused"
     reload_weights(cached.llm, folder)

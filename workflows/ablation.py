@@ -144,7 +144,12 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
     import flyte.report
 
     from workflows.ablation_report import write_ablation
-    from workflows.driver import prepare_run, start_run_folder, train_and_report
+    from workflows.driver import (
+        prepare_run,
+        stage_cores,
+        start_run_folder,
+        train_and_report,
+    )
 
     started = time.perf_counter()
     base = run_config
@@ -155,25 +160,26 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
     root = Path(ladder_dir)
     shared = RunLayout(root / "shared")
     start_run_folder(base, shared)
-    prepared = await prepare_run(base, shared)
-    all_rungs = ladder(base)
-    results: list[dict[str, Any]] = []
-    for index in rungs:
-        rung = all_rungs[index]
-        settings = rung_settings(all_rungs, index)
-        runs = []
-        for seed in seeds:
-            cfg = rung_config(base, settings, seed=seed, name=f"{base.run.name}-{rung.slug}-seed{seed}")
-            layout = RunLayout(root / rung.slug / f"seed-{seed}")
-            start_run_folder(cfg, layout)
-            link_shared(shared, layout)
-            t0 = time.perf_counter()
-            summary = await train_and_report(cfg, layout, prepared, started=t0, live_report=False)
-            summary.pop("_inline_report")
-            runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
-            progress.note(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
-                          f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}")
-        results.append(_rung_result(all_rungs, index, runs))
+    with stage_cores(base):  # pipelined rungs: rollout and training share the cores (driver.stage_cores)
+        prepared = await prepare_run(base, shared)
+        all_rungs = ladder(base)
+        results: list[dict[str, Any]] = []
+        for index in rungs:
+            rung = all_rungs[index]
+            settings = rung_settings(all_rungs, index)
+            runs = []
+            for seed in seeds:
+                cfg = rung_config(base, settings, seed=seed, name=f"{base.run.name}-{rung.slug}-seed{seed}")
+                layout = RunLayout(root / rung.slug / f"seed-{seed}")
+                start_run_folder(cfg, layout)
+                link_shared(shared, layout)
+                t0 = time.perf_counter()
+                summary = await train_and_report(cfg, layout, prepared, started=t0, live_report=False)
+                summary.pop("_inline_report")
+                runs.append({"seed": seed, "summary": summary, "metrics": _read_metrics(layout, cfg.run.steps)})
+                progress.note(f"[ladder] {rung.name} seed {seed}: held-out avg@{summary['eval_k']} "
+                              f"{summary['accuracy_before']:.3f} -> {summary['accuracy_after']:.3f}")
+            results.append(_rung_result(all_rungs, index, runs))
     table, inline_page = write_ablation(root, results, base=base, seconds=time.perf_counter() - started)
     await flyte.report.replace.aio(inline_page, do_flush=True)
     return str(root / "ablation.json")

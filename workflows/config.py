@@ -42,6 +42,11 @@ ON_MAX_ROUNDS = ("raise", "train_on_partial")
 # Fields that decide which finished files are kept, never what is computed: outside
 # RunConfig.digest(), and free to change when a run folder is resumed (workflows/run_binding.py).
 STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps")
+# Fields added after runs were recorded, each with the value that computes what a config without it
+# computed: at that value the field stays out of RunConfig.digest() (a config that leaves it there
+# keeps the digest it had before the field existed), and a run.json that lacks it reads as holding
+# it (workflows/run_binding.py). Any other value is in the digest like every computed field.
+ADDED_AT = {"run.pipelined": False}
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class DriverConfig:
     seed: int = 0  # root seed: problem order and every rollout seed derive from it
     keep_optimizer_checkpoints: int = 0  # retention: only the last K checkpoints keep their optimizer state (ds_state/) and weights; the driver prunes older ones after each step (storage/retention_policy.py); 0 = keep every checkpoint whole
     keep_weights_every_steps: int = 0  # retention: checkpoints older than the last K keep their weights only at steps divisible by M; 0 = all weights (needs keep_optimizer_checkpoints >= 1)
+    pipelined: bool = False  # one-step off-policy (workflows/step_loop.py): step N+1's rollouts run while step N trains, from the policy after step N-1 (one step stale, corrected as train.behaviour_correction says); false = synchronous, every fresh rollout on-policy
 
     def __post_init__(self) -> None:
         check_fields(self, {
@@ -75,6 +81,13 @@ class DriverConfig:
             "keep_weights_every_steps": (
                 self.keep_weights_every_steps >= 0 and (self.keep_weights_every_steps == 0 or self.keep_optimizer_checkpoints >= 1),
                 "must be >= 0, and > 0 only with run.keep_optimizer_checkpoints >= 1 (0 keeps every checkpoint whole)"),
+        })
+        # Pipelined, step N+1 generates from the checkpoint before the latest while step N trains
+        # (and a resume may generate from it again): retention must keep its weights.
+        check_fields(self, {
+            "keep_optimizer_checkpoints": (not self.pipelined or self.keep_optimizer_checkpoints != 1,
+                                           ("must be 0 or >= 2 with run.pipelined (the checkpoint before the latest "
+                                            "is the policy the next step's rollouts use)")),
         })
 
 
@@ -115,12 +128,17 @@ class RunConfig:
         return out
 
     def digest(self) -> str:
-        """A short hash of every field that changes results (all but the sections :data:`NOT_COMPUTED`
-        and the fields :data:`STORAGE_ONLY`): two runs with the same digest compute the same things."""
+        """A short hash of every field that changes results (all but the sections :data:`NOT_COMPUTED`,
+        the fields :data:`STORAGE_ONLY`, and those of :data:`ADDED_AT` at their old behaviour): two
+        runs with the same digest compute the same things."""
         computed = {k: v for k, v in self.to_dict().items() if k not in NOT_COMPUTED}
         for key in STORAGE_ONLY:
             section, _, field = key.partition(".")
             computed[section].pop(field, None)
+        for key, value in ADDED_AT.items():
+            section, _, field = key.partition(".")
+            if computed[section].get(field) == value:
+                del computed[section][field]
         blob = json.dumps(computed, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 

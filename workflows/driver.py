@@ -7,6 +7,7 @@ of the config and of task outputs, so a re-run replays it exactly over cache hit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import platform
@@ -24,6 +25,7 @@ from flyte.io import Dir, File
 
 import schemas
 from dapo_core.intervals import paired_change
+from engines import threads
 from engines.policy_bootstrap import policy_tokenizer_folder
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import group_keys_of
@@ -60,14 +62,14 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
     run_store.write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _round_groups(scored_path: str, step: int) -> list[tuple[str, str, GroupRef]]:
+def _round_groups(scored_path: str, step: int, behaviour_step: int) -> list[tuple[str, str, GroupRef]]:
     """``(group_key, reason, ref)`` per group of a scored round, in first-row order."""
     table = schemas.read_shard(run_store.fetch(scored_path), schemas.ScoredRollout)
     seen: dict[str, tuple[str, str]] = {}
     keys = group_keys_of(table)
     for key, reason, pid in zip(keys, table.column("filter_reason").to_pylist(), table.column("problem_id").to_pylist()):
         seen.setdefault(key, (reason, pid))
-    return [(key, reason, GroupRef(problem_id=pid, source=scored_path, generated_step=step))
+    return [(key, reason, GroupRef(problem_id=pid, source=scored_path, generated_step=step, behaviour_step=behaviour_step))
             for key, (reason, pid) in seen.items()]
 
 
@@ -233,6 +235,13 @@ class RunOutcome:
     accuracy_after: float  # held-out avg@k of the final checkpoint
 
 
+def stage_cores(cfg: RunConfig) -> contextlib.AbstractContextManager[None]:
+    """Pipelined, rollout and training run at once: on one machine each takes half the cores (the
+    vLLM engine's threads, each DeepSpeed rank's; engines/threads.py), for the whole run, since the
+    engine keeps the thread count it started with. Synchronous, each takes them all in turn."""
+    return threads.sharing_cores(2) if cfg.run.pipelined else contextlib.nullcontext()
+
+
 @cpu_env.task(report=True)
 async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     """Run or resume the DAPO pipeline described by ``run_config`` (every stage's settings, a typed
@@ -240,8 +249,9 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     started = time.perf_counter()
     layout = RunLayout(run_dir)
     start_run_folder(run_config, layout)
-    prepared = await prepare_run(run_config, layout)
-    summary = await train_and_report(run_config, layout, prepared, started=started)
+    with stage_cores(run_config):
+        prepared = await prepare_run(run_config, layout)
+        summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
     return RunOutcome(
         summary=File.from_existing_remote(str(layout.summary)), report=File.from_existing_remote(summary["report"]),
@@ -266,6 +276,10 @@ class _PipelineStages:
         self.checkpoint: str = prepared["checkpoint"]
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
         self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
+        # The policy as it stood after each finished step: (checkpoint, the step that trained it). A
+        # round asks for one by step (workflows/step_loop.py): pipelined, step N+1's rounds use the
+        # policy after step N-1 while step N trains and moves self.checkpoint on.
+        self.policy_after: dict[int, tuple[str, int]] = {0: (self.checkpoint, 0)}
         self.evals: list[dict[str, Any]] = [prepared["eval0"]]
         self.metrics_rows: list[dict[str, Any]] = []
         self.step_seconds: list[float] = []
@@ -273,21 +287,25 @@ class _PipelineStages:
         self.tracking = open_tracking(cfg.tracking, layout.tracking_dir, run_name=cfg.run.name, run_config=cfg.to_dict())
         self.track()
 
-    async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
+    async def generate(self, step: int, generation_round: int, problem_ids: list[str], behaviour_step: int) -> GeneratedRound:
         cfg, layout = self.cfg, self.layout
         rollout_path = str(layout.rollout_shard(step, generation_round))
         progress.stage(f"step {step}/{cfg.run.steps} (rollout round {generation_round})", quiet=True)
         with flyte.group(step_group(step)):  # the Flyte UI shows each DAPO step as one unit
-            return await self._generate(step, generation_round, problem_ids, rollout_path)
+            return await self._generate(step, generation_round, problem_ids, rollout_path, behaviour_step)
 
-    async def _generate(self, step: int, generation_round: int, problem_ids: list[str], rollout_path: str) -> GeneratedRound:
+    async def _generate(self, step: int, generation_round: int, problem_ids: list[str], rollout_path: str,
+                        behaviour_step: int) -> GeneratedRound:
         cfg, layout = self.cfg, self.layout
+        # The checkpoint is an input of the cached rollout task: the loop's choice of policy (never
+        # "the latest"), so a re-run or resume asks for the same rollout (workflows/step_loop.py).
+        checkpoint, policy_version = self.policy_after[behaviour_step]
         t = time.perf_counter()
         await call_verified(
             rollout, [rollout_path, manifest_path(rollout_path)],
-            self.checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
-            derive_seed(cfg.run.seed, "rollout", step, generation_round), self.policy_step, generation_round,
-            upstream=[self.checkpoint, layout.curate_dir],
+            checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
+            derive_seed(cfg.run.seed, "rollout", step, generation_round), policy_version, generation_round,
+            upstream=[checkpoint, layout.curate_dir],
         )
         rollout_s = time.perf_counter() - t
         scored_path = str(layout.scored_shard(step, generation_round))
@@ -297,7 +315,7 @@ class _PipelineStages:
                                 cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
         )
         stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
-        return GeneratedRound(groups=_round_groups(scored_path, step), stats=stats)
+        return GeneratedRound(groups=_round_groups(scored_path, step, behaviour_step), stats=stats)
 
     async def train(self, plan: StepPlan) -> None:
         with flyte.group(step_group(plan.step)):
@@ -324,6 +342,7 @@ class _PipelineStages:
             trained = _train_row(published.checkpoint_dir)
             self.checkpoint, self.policy_step = published.checkpoint_dir, step
             self.checkpoint_paths[step] = published.checkpoint_dir
+        self.policy_after[step] = (self.checkpoint, self.policy_step)
         train_s = time.perf_counter() - t
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(nan_to_none(row))
@@ -431,7 +450,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     stages = _PipelineStages(cfg, layout, prepared, started=started, live_report=live_report)
     progress.begin(drv.name, drv.steps)
     settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
-                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
+                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed, pipelined=drv.pipelined)
     plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))

@@ -11,7 +11,8 @@ and summary than the config would describe. Sections that compute nothing
 (``workflows.config.NOT_COMPUTED``: the trackers) may change freely, and a ``run.json`` written
 before such a section existed still resumes. The retention fields (``run.keep_*``) may change
 freely too: they decide which finished checkpoints' files are deleted, never what a step computes
-(a record written before they existed lacks them).
+(a record written before they existed lacks them). A record written before a field of
+``workflows.config.ADDED_AT`` existed (``run.pipelined``) reads as holding its old value.
 
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
@@ -37,7 +38,7 @@ from typing import Any
 
 from storage import run_store
 from storage.run_layout import RunLayout
-from workflows.config import NOT_COMPUTED, STORAGE_ONLY
+from workflows.config import ADDED_AT, NOT_COMPUTED, STORAGE_ONLY
 
 LOCK_FILE = ".dapo-run.lock"
 # Fields that may differ between a run folder's record and a resuming config: field -> rule.
@@ -64,6 +65,8 @@ def config_changes(recorded: dict[str, Any], wanted: dict[str, Any]) -> list[tup
     old, new = _flatten(recorded), _flatten(wanted)
     # Trackers record results and never change them: a resume may turn one on or off.
     old, new = ({k: v for k, v in d.items() if k.partition(".")[0] not in NOT_COMPUTED} for d in (old, new))
+    # A record from before a field existed computed what the field's old value computes.
+    old, new = ({**ADDED_AT, **d} for d in (old, new))
     return [(key, old.get(key), new.get(key)) for key in sorted(set(old) | set(new)) if not _same(old.get(key), new.get(key))]
 
 

@@ -18,11 +18,22 @@ Outcomes of a step (``DynamicSamplingResult.outcome``):
 * ``skipped`` (``train_on_partial``, none found): nothing to train on; the policy carries over
   unchanged and the step's metrics record ``trained_groups = 0``.
 * with ``on_max_rounds: raise`` a short batch stops the run with ``DynamicSamplingExhaustedError``.
+
+Synchronous (the default), step N's rounds are generated from the policy step N-1 trained.
+Pipelined (``run.pipelined``, one-step off-policy as verl, slime and AReaL offer), step N+1's
+rounds are generated while step N trains, from the policy after step N-1: dynamic sampling
+settles step N's batch and surplus before its training starts, so the next step's draws and
+carried surplus are known and generation and training overlap. Every fresh group from step 2 on
+is then one step stale; the trainer corrects it like carried surplus (dapo_core/correction.py).
+Which policy a round uses is the loop's choice, passed to :meth:`StepStages.generate` as
+``behaviour_step``, never the stages' "current" policy, so a re-run or resume asks for the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import contextlib
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +51,7 @@ class LoopSettings:
     max_rounds: int  # generation rounds a step may use
     on_max_rounds: str  # "raise" or "train_on_partial"
     seed: int  # problem order seed
+    pipelined: bool = False  # generate step N+1 while step N trains, from the policy after step N-1
 
 
 @dataclass(frozen=True)
@@ -49,6 +61,7 @@ class GroupRef:
     problem_id: str
     source: str  # the scored shard holding the group's rows
     generated_step: int  # the step whose rollout generated it
+    behaviour_step: int  # the policy that generated it: as it stood after this step (0 = the step-0 policy)
 
 
 @dataclass(frozen=True)
@@ -75,19 +88,29 @@ class StepPlan:
         return not self.result.kept
 
     def policy_lags(self) -> list[int]:
-        """Steps between generation and this training step, per kept group (0 = fresh)."""
-        return [self.step - ref.generated_step for _, ref in self.result.kept]
+        """Steps the generating policy is behind the one this step trains, per kept group (0 = on-policy).
+
+        Step s trains the policy as it stood after step s - 1; a group generated from the policy
+        after step b is ``s - 1 - b`` steps behind (carried surplus: 1 per step carried; pipelined:
+        1 more). Counted in steps: a skipped step in between counts although it changed nothing.
+        """
+        return [self.step - 1 - ref.behaviour_step for _, ref in self.result.kept]
 
     def carried_groups(self) -> int:
-        """Kept groups that were carried in as surplus from an earlier step."""
-        return sum(1 for lag in self.policy_lags() if lag > 0)
+        """Kept groups that were carried in as surplus from an earlier step (a pipelined step's own
+        groups are stale too, but not carried: they count in ``policy_lags`` only)."""
+        return sum(1 for _, ref in self.result.kept if ref.generated_step < self.step)
 
 
 class StepStages(Protocol):
     """What the loop needs from whatever runs the stages."""
 
-    async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
-        """Roll out and score ``problem_ids`` with the current policy."""
+    async def generate(self, step: int, generation_round: int, problem_ids: list[str], behaviour_step: int) -> GeneratedRound:
+        """Roll out and score ``problem_ids`` with the policy as it stood after step ``behaviour_step``.
+
+        That policy is published before the call (``train`` of that step has returned), also when
+        later steps train meanwhile (pipelined); the returned refs record ``behaviour_step``.
+        """
         ...
 
     async def train(self, plan: StepPlan) -> None:
@@ -109,8 +132,13 @@ async def sample_step(
     carried: Sequence[tuple[str, GroupRef]],
     settings: LoopSettings,
     stages: StepStages,
+    behaviour_step: int | None = None,
 ) -> StepPlan:
-    """Generation rounds until dynamic sampling holds the batch (sec. 3.2), or the rounds run out."""
+    """Generation rounds until dynamic sampling holds the batch (sec. 3.2), or the rounds run out.
+
+    The rounds generate from the policy after step ``behaviour_step`` (default ``step - 1``: on-policy).
+    """
+    behaviour_step = step - 1 if behaviour_step is None else behaviour_step
     acc = DynamicSamplingAccumulator(
         target_groups=settings.prompts_per_step, max_rounds=settings.max_rounds,
         on_max_rounds=settings.on_max_rounds, carried=carried,  # type: ignore[arg-type]
@@ -125,7 +153,7 @@ async def sample_step(
         live.update(ids)
         requests.append(ids)
         epochs.append([epoch for _, epoch in drawn])
-        generated = await stages.generate(step, acc.rounds, ids)
+        generated = await stages.generate(step, acc.rounds, ids, behaviour_step)
         round_stats.append(generated.stats)
         acc.add_round(generated.groups)
     return StepPlan(step=step, requests=requests, request_epochs=epochs, result=acc.finish(), round_stats=round_stats)
@@ -144,12 +172,49 @@ async def run_steps(
                     prompts_per_round=settings.prompts_per_round, max_rounds=settings.max_rounds)
     out = plans if plans is not None else []
     carried: list[tuple[str, GroupRef]] = []
+    if not settings.pipelined:
+        for step in range(1, settings.steps + 1):
+            plan = await sample_step(step, order, carried, settings, stages)
+            await stages.train(plan)
+            carried = list(plan.result.surplus)  # type: ignore[arg-type]
+            out.append(plan)
+        return out
+    plan = await sample_step(1, order, carried, settings, stages, behaviour_step=0) if settings.steps else None
     for step in range(1, settings.steps + 1):
-        plan = await sample_step(step, order, carried, settings, stages)
-        await stages.train(plan)
+        assert plan is not None
         carried = list(plan.result.surplus)  # type: ignore[arg-type]
+        # Step N+1 draws after step N's draws (the same order as synchronously) and from the
+        # policy after step N-1, published before step N's training starts.
+        ahead = (sample_step(step + 1, order, carried, settings, stages, behaviour_step=step - 1)
+                 if step < settings.steps else None)
+        next_plan = await train_beside(stages.train(plan), ahead)
         out.append(plan)
+        plan = next_plan
     return out
 
 
-__all__ = ["GeneratedRound", "GroupRef", "LoopSettings", "StepPlan", "StepStages", "run_steps", "sample_step"]
+async def train_beside(training: Coroutine[Any, Any, None],
+                       sampling: Coroutine[Any, Any, StepPlan] | None) -> StepPlan | None:
+    """Await the ``training`` coroutine with the ``sampling`` one (or None) running beside it; returns its plan.
+
+    A failed training step cancels the sampling (nothing runs on after the failure, as after a
+    kill). A failed sampling (``DynamicSamplingExhaustedError`` under ``on_max_rounds: raise``, a
+    task error) lets the training step finish first, so its checkpoint is published as the
+    synchronous loop would have published it, then raises.
+    """
+    if sampling is None:
+        await training
+        return None
+    ahead = asyncio.ensure_future(sampling)
+    try:
+        await training
+    except BaseException:
+        ahead.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await ahead
+        raise
+    return await ahead
+
+
+__all__ = ["GeneratedRound", "GroupRef", "LoopSettings", "StepPlan", "StepStages", "run_steps", "sample_step",
+           "train_beside"]

@@ -7,6 +7,11 @@ with 0 < correct < G. Finished "tasks" are kept in a :class:`SimulatedCache` key
 as Flyte's cache keys a task by its inputs, so a run stopped anywhere and started again replays
 over cache hits exactly like a real resume.
 
+Training yields to the event loop a seeded number of times before it finishes, as a real train
+task does while its workers run, so in pipelined mode (``LoopSettings.pipelined``) the next
+step's rounds really interleave with it; ``events`` records the order. A round asks for the
+policy after a given step, which must have been published already (else the loop is wrong).
+
 Used by tests/unit/test_step_loop_sim.py (invariants over thousands of simulated runs) and
 benchmarks/sampling_plan.py (what a config costs for an assumed solve-rate distribution).
 """
@@ -77,46 +82,65 @@ class SimulatedStages:
         self.cache = cache if cache is not None else SimulatedCache()
         self.stop_at = stop_at
         self.checkpoint = "step-0000"
+        self.policy_after: dict[int, str] = {0: self.checkpoint}  # the policy as it stood after each step
+        self.generated_from: list[tuple[int, int, int]] = []  # (step, round, behaviour step) of every generate call
+        self.events: list[tuple[object, ...]] = []  # generate / train_start / train_end, in the order they happened
+        self.killed = False  # after the simulated kill, no call finishes new work (kill -9 stops everything)
         self.requests: list[tuple[int, int, list[str]]] = []  # every generate call, cached or not
         self.trained: list[tuple[int, list[str]]] = []  # (step, group keys) of every train call
         self.samples_generated = 0
 
-    async def generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
-        key = (self.checkpoint, step, generation_round, tuple(problem_ids))
+    async def generate(self, step: int, generation_round: int, problem_ids: list[str], behaviour_step: int) -> GeneratedRound:
+        if behaviour_step not in self.policy_after:
+            raise AssertionError(f"step {step} round {generation_round} asks for the policy after step {behaviour_step}, "
+                                 f"not published yet (published: {sorted(self.policy_after)})")
+        checkpoint = self.policy_after[behaviour_step]
+        self.events.append(("generate", step, generation_round))
+        key = (checkpoint, step, generation_round, tuple(problem_ids))
         if key not in self.cache.rounds:
-            if self.stop_at == ("generate", step, generation_round):
+            if self.killed or self.stop_at == ("generate", step, generation_round):
+                self.killed = True
                 raise SimulatedStop(f"killed before step {step} round {generation_round} finished")
-            self.cache.rounds[key] = self._generate(step, generation_round, problem_ids)
+            self.cache.rounds[key] = self._generate(checkpoint, step, generation_round, problem_ids, behaviour_step)
         self.requests.append((step, generation_round, list(problem_ids)))
+        self.generated_from.append((step, generation_round, behaviour_step))
         self.samples_generated += len(problem_ids) * self.samples_per_prompt
         return self.cache.rounds[key]
 
-    def _generate(self, step: int, generation_round: int, problem_ids: list[str]) -> GeneratedRound:
-        rng = np.random.default_rng(_seed_of(self.seed, self.checkpoint, step, generation_round))
+    def _generate(self, checkpoint: str, step: int, generation_round: int, problem_ids: list[str],
+                  behaviour_step: int) -> GeneratedRound:
+        rng = np.random.default_rng(_seed_of(self.seed, checkpoint, step, generation_round))
         rates = self._rates[[self._index[pid] for pid in problem_ids]]
         correct = rng.binomial(self.samples_per_prompt, rates)
         groups = []
         source = f"step-{step:04d}/round-{generation_round:02d}"
         for pid, n in zip(problem_ids, correct.tolist()):
             reason = REASON_ALL_CORRECT if n == self.samples_per_prompt else REASON_ALL_WRONG if n == 0 else REASON_KEPT
-            groups.append((group_key(pid, self.checkpoint, generation_round), reason,
-                           GroupRef(problem_id=pid, source=source, generated_step=step)))
+            groups.append((group_key(pid, checkpoint, generation_round), reason,
+                           GroupRef(problem_id=pid, source=source, generated_step=step, behaviour_step=behaviour_step)))
         accuracy = float(correct.sum()) / max(1, len(problem_ids) * self.samples_per_prompt)
         return GeneratedRound(groups=groups, stats={"samples": len(problem_ids) * self.samples_per_prompt,
                                                     "accuracy": accuracy})
 
     async def train(self, plan: StepPlan) -> None:
+        self.events.append(("train_start", plan.step))
         kept = [gid for gid, _ in plan.result.kept]
         if plan.skipped:
             self.trained.append((plan.step, []))
-            return
-        key = (self.checkpoint, plan.step, tuple(kept))
-        if key not in self.cache.checkpoints:
-            if self.stop_at == ("train", plan.step, -1):
-                raise SimulatedStop(f"killed before step {plan.step} finished training")
-            self.cache.checkpoints[key] = f"step-{plan.step:04d}-{_seed_of(*key) % 10**8:08d}"
-        self.checkpoint = self.cache.checkpoints[key]
-        self.trained.append((plan.step, kept))
+        else:
+            key = (self.checkpoint, plan.step, tuple(kept))
+            if key not in self.cache.checkpoints:
+                # The workers run: whatever runs beside this step (pipelined rounds) gets turns.
+                for _ in range(1 + _seed_of(self.seed, "train", plan.step) % 4):
+                    await asyncio.sleep(0)
+                if self.killed or self.stop_at == ("train", plan.step, -1):
+                    self.killed = True
+                    raise SimulatedStop(f"killed before step {plan.step} finished training")
+                self.cache.checkpoints[key] = f"step-{plan.step:04d}-{_seed_of(*key) % 10**8:08d}"
+            self.checkpoint = self.cache.checkpoints[key]
+            self.trained.append((plan.step, kept))
+        self.policy_after[plan.step] = self.checkpoint
+        self.events.append(("train_end", plan.step))
 
 
 def simulate(

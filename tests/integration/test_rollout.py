@@ -234,3 +234,41 @@ def test_the_context_check_before_bootstrap_sees_the_tokenizer_the_policy_will_h
     assert ro.tokenize_prompts(early, prompts) == ro.tokenize_prompts(checkpoint, prompts)
     assert ro.model_max_positions(early) == ro.model_max_positions(checkpoint)
     assert policy_tokenizer_folder(str(checkpoint), tmp_path / "unused") == checkpoint.resolve()
+
+
+_OTHER_THREAD = """
+import sys, threading
+from pathlib import Path
+from engines import rollout as ro, tiny_policy
+from settings.rollout import RolloutConfig
+folder = tiny_policy.build_random_checkpoint(Path(sys.argv[1]), seed=0)
+config = RolloutConfig(samples_per_prompt=2, max_response_tokens=8, cpu_threads=1)
+requests = [{"problem_id": "p", "prompt_token_ids": [5, 6, 7], "seed": 1}]
+sampling = dict(temperature=1.0, top_p=1.0, max_tokens=8)
+settings = ro.engine_settings(config, 256)
+ro.generate_part(str(folder), settings, sampling, requests)  # the engine starts in this thread
+failed = []
+def other():
+    try:
+        ro.generate_part(str(folder), settings, sampling, requests)
+    except BaseException as err:
+        failed.append(repr(err))
+worker = threading.Thread(target=other)
+worker.start()
+worker.join()
+print("FAILED" if failed else "OK", failed)
+"""
+
+
+def test_a_task_thread_generates_on_an_engine_with_fewer_threads_than_the_process_default(tmp_path: Path) -> None:
+    # Flyte runs each task in a thread of its own, whose OpenMP count is the process default (here
+    # 2); a pipelined run's engine runs 1 (engines/threads.py). vLLM's CPU attention aborts unless
+    # the generating thread runs the engine's count (engines/vllm_engine.get_engine sets it).
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-c", _OTHER_THREAD, str(tmp_path / "ckpt")], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0 and "OK" in proc.stdout.splitlines()[-1], (proc.stdout[-2000:], proc.stderr[-3000:])

@@ -173,3 +173,28 @@ def test_retention_is_outside_the_config_digest() -> None:
                          ["run.keep_optimizer_checkpoints=1", "run.keep_weights_every_steps=2"])
     assert plain.digest() == pruned.digest()
     assert plain.digest() != load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.steps=7"]).digest()
+
+
+def test_pipelined_is_in_the_digest_but_a_default_config_keeps_its_digest() -> None:
+    # run.pipelined changes what is computed (rollouts from an older policy), so it is in the
+    # digest; at its default (synchronous) the digest is the one configs had before the field.
+    import hashlib
+    import json
+
+    sync = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    piped = load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.pipelined=true"])
+    assert sync.run.pipelined is False and piped.run.pipelined is True
+    assert piped.digest() != sync.digest()
+    before = sync.to_dict()
+    del before["tracking"]
+    del before["run"]["pipelined"], before["run"]["keep_optimizer_checkpoints"], before["run"]["keep_weights_every_steps"]
+    assert sync.digest() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def test_pipelined_retention_keeps_the_policy_the_next_rollouts_use() -> None:
+    from workflows.config import DriverConfig
+
+    DriverConfig(pipelined=True, keep_optimizer_checkpoints=2, keep_weights_every_steps=5)
+    DriverConfig(pipelined=True)  # keep every checkpoint whole
+    with pytest.raises(FieldError, match="keep_optimizer_checkpoints"):
+        DriverConfig(pipelined=True, keep_optimizer_checkpoints=1)  # would prune the weights step N+1 generates from

@@ -124,3 +124,13 @@ def test_published_checkpoint_files_are_world_readable(tmp_path: Path) -> None:
     assert (final / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert final.stat().st_mode & 0o777 == 0o755
 
+
+
+def test_a_record_from_before_run_pipelined_resumes_synchronously_only() -> None:
+    # run.json written before run.pipelined existed lacks it: the synchronous default is that run;
+    # pipelined is another run (its rollouts come from other checkpoints).
+    check_run_record("runs/r", {"config": OLD}, _with("run", "pipelined", False))
+    with pytest.raises(RunFolderError, match=r"run\.pipelined"):
+        check_run_record("runs/r", {"config": OLD}, _with("run", "pipelined", True))
+    with pytest.raises(RunFolderError, match=r"run\.pipelined"):
+        check_run_record("runs/r", {"config": _with("run", "pipelined", True)}, _with("run", "pipelined", False))

@@ -4,7 +4,9 @@ Every simulated run is checked step by step against what the loop promises: requ
 within a step and disjoint from the surplus carried into it; every batch exactly
 ``prompts_per_step`` groups or the documented partial / skipped outcome; no group trained twice;
 carried groups' age bounded and recorded; every problem drawn once per epoch; and a run stopped
-at any stage and started again draws exactly what an uninterrupted run draws.
+at any stage and started again draws exactly what an uninterrupted run draws. The same promises
+hold pipelined (``run.pipelined``: step N+1's rounds generated from the policy after step N-1
+while step N trains), with every group's policy lag one step more.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str])
     carried_in: list[str] = []
     trained: set[str] = set()
     draws_of: dict[str, list[int]] = {}  # problem -> the epochs its draws served, in order
-    lag_bound = 1 + max(0, loop.prompts_per_round - 2) // loop.prompts_per_step
+    # A carried surplus group ages by at most this many steps; a pipelined step's fresh groups are
+    # already one step stale (generated while the step before trained), so its bound is one more.
+    ahead = 1 if loop.pipelined else 0
+    lag_bound = ahead + 1 + max(0, loop.prompts_per_round - 2) // loop.prompts_per_step
     for plan in plans:
         result = plan.result
         drawn = [pid for ids in plan.requests for pid in ids]
@@ -44,10 +49,14 @@ def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str])
         else:
             assert loop.on_max_rounds == "train_on_partial" and result.rounds == loop.max_rounds
             assert (0 < len(kept) < loop.prompts_per_step) if result.outcome == "partial" else not kept
-        assert not trained & set(kept), f"step {plan.step}: a group trained twice"
-        trained |= set(kept)
+        # A group key is unique within a step (dapo_core.sampling.group_key); two steps may generate
+        # one problem from one checkpoint (the next epoch after a skipped step; pipelined, steps 1
+        # and 2 both from the step-0 policy), so a group is its key and the step that generated it.
+        identities = {(ref.generated_step, gid) for gid, ref in result.kept}
+        assert len(identities) == len(kept) and not trained & identities, f"step {plan.step}: a group trained twice"
+        trained |= identities
         lags = plan.policy_lags()
-        assert all(0 <= lag <= lag_bound for lag in lags), (plan.step, lags, lag_bound)
+        assert all(min(ahead, plan.step - 1) <= lag <= lag_bound for lag in lags), (plan.step, lags, lag_bound)
         assert plan.carried_groups() == sum(1 for _, ref in result.kept if ref.generated_step < plan.step)
         assert len(result.surplus) < max(loop.prompts_per_round, 1) or result.rounds == 0
         carried_in = [ref.problem_id for _, ref in result.surplus]
@@ -168,3 +177,143 @@ def test_the_paper_config_shape_for_its_500_steps() -> None:
     plans, stages = simulate(loop, rates, 16)
     check_invariants(plans, loop, pool)
     assert len(plans) == 500 and stages.samples_generated > 0
+
+
+# ----------------------------------------------------------------------------- pipelined mode
+
+
+def pipelined(loop: LoopSettings) -> LoopSettings:
+    return LoopSettings(**{**loop.__dict__, "pipelined": True})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=loop_shapes())
+def test_every_pipelined_run_keeps_the_loop_promises_one_step_off_policy(shape) -> None:
+    loop, rates, group = shape
+    loop = pipelined(loop)
+    plans, _, error = run_checked(loop, rates, group)
+    if error is not None:
+        assert loop.on_max_rounds == "raise"
+        return
+    assert len(plans) == loop.steps
+    check_invariants(plans, loop, list(rates))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=loop_shapes(), data=st.data())
+def test_a_pipelined_run_stopped_anywhere_resumes_into_the_same_draws(shape, data) -> None:
+    loop, rates, group = shape
+    loop = pipelined(LoopSettings(**{**loop.__dict__, "on_max_rounds": "train_on_partial"}))
+    plans, reference = simulate(loop, rates, group)
+    calls = [("generate", s, r) for s, r, _ in reference.requests] + [("train", p.step, -1) for p in plans if not p.skipped]
+    stop_at = data.draw(st.sampled_from(calls))
+    cache = SimulatedCache()
+    with pytest.raises(SimulatedStop):
+        simulate(loop, rates, group, cache=cache, stop_at=stop_at)
+    resumed_plans, resumed = simulate(loop, rates, group, cache=cache)
+    assert resumed.requests == reference.requests
+    assert resumed.trained == reference.trained
+    assert resumed.checkpoint == reference.checkpoint
+    assert resumed.generated_from == reference.generated_from
+    check_invariants(resumed_plans, loop, list(rates))
+
+
+def test_pipelined_generation_overlaps_training_from_the_policy_one_step_behind() -> None:
+    pool = [f"q{i:04d}" for i in range(400)]
+    loop = LoopSettings(steps=6, prompts_per_step=8, prompts_per_round=12, max_rounds=3,
+                        on_max_rounds="train_on_partial", seed=3, pipelined=True)
+    plans, stages = simulate(loop, beta_solve_rates(pool, a=1, b=1, seed=3), 8)
+    assert all(not p.skipped for p in plans)
+    # Step s generates from the policy after step s - 2 (the step-0 policy for steps 1 and 2) ...
+    assert stages.generated_from and all(after == max(0, step - 2) for step, _, after in stages.generated_from)
+    # ... while step s - 1 trains: its first round starts before that training ends (a step whose
+    # carried surplus alone fills the batch generates nothing).
+    overlapped = 0
+    for step in sorted({step for step, _, _ in stages.generated_from} - {1}):
+        start, end = stages.events.index(("train_start", step - 1)), stages.events.index(("train_end", step - 1))
+        first_round = stages.events.index(("generate", step, 0))
+        assert start < first_round < end, (step, stages.events)
+        overlapped += 1
+    assert overlapped >= 3
+    # Every fresh group from step 2 on is one step stale; carried ones older still.
+    assert all(min(p.policy_lags()) >= 1 for p in plans[1:]) and plans[0].policy_lags() == [0] * len(plans[0].result.kept)
+
+
+def test_synchronous_generation_uses_the_policy_the_previous_step_trained() -> None:
+    pool = [f"q{i:04d}" for i in range(400)]
+    loop = LoopSettings(steps=4, prompts_per_step=8, prompts_per_round=12, max_rounds=3,
+                        on_max_rounds="train_on_partial", seed=3)
+    _, stages = simulate(loop, beta_solve_rates(pool, a=1, b=1, seed=3), 8)
+    assert stages.generated_from and all(after == step - 1 for step, _, after in stages.generated_from)
+    for step in sorted({step for step, _, _ in stages.generated_from} - {1}):
+        assert stages.events.index(("train_end", step - 1)) < stages.events.index(("generate", step, 0))
+
+
+def test_a_failed_pipelined_train_stops_the_generation_running_beside_it() -> None:
+    pool = [f"q{i:04d}" for i in range(400)]
+    loop = LoopSettings(steps=4, prompts_per_step=8, prompts_per_round=12, max_rounds=3,
+                        on_max_rounds="train_on_partial", seed=3, pipelined=True)
+    cache = SimulatedCache()
+    with pytest.raises(SimulatedStop):
+        simulate(loop, beta_solve_rates(pool, a=1, b=1, seed=3), 8, cache=cache, stop_at=("train", 2, -1))
+    # Nothing finished after the kill: no checkpoint of step 2 and no round of step 4.
+    assert not any(key[1] == 2 for key in cache.checkpoints)
+    assert not any(key[1] == 4 for key in cache.rounds)
+
+
+def test_a_failed_pipelined_sampling_lets_the_training_beside_it_finish_then_raises() -> None:
+    # Under on_max_rounds: raise, step 2's rounds find nothing while step 1 trains: step 1's
+    # checkpoint is published (as the synchronous loop would have), then the error comes.
+    import asyncio
+
+    from dapo_core.sampling import REASON_ALL_CORRECT, REASON_KEPT
+    from workflows.step_loop import GeneratedRound, GroupRef, run_steps
+
+    events: list[str] = []
+
+    class Stages:
+        async def generate(self, step: int, generation_round: int, problem_ids: list[str], behaviour_step: int):
+            reason = REASON_KEPT if step == 1 else REASON_ALL_CORRECT
+            events.append(f"generate {step}")
+            return GeneratedRound(groups=[(f"{pid}|{step}", reason, GroupRef(pid, "s", step, behaviour_step))
+                                          for pid in problem_ids])
+
+        async def train(self, plan: StepPlan) -> None:
+            for _ in range(50):  # long beside the rounds, which fail at once
+                await asyncio.sleep(0)
+            events.append(f"trained {plan.step}")
+
+    loop = LoopSettings(steps=3, prompts_per_step=2, prompts_per_round=2, max_rounds=1, on_max_rounds="raise",
+                        seed=0, pipelined=True)
+    with pytest.raises(DynamicSamplingExhaustedError):
+        asyncio.run(run_steps(loop, [f"q{i}" for i in range(20)], Stages()))
+    assert events == ["generate 1", "generate 2", "trained 1"]
+
+
+def test_a_failed_pipelined_training_cancels_the_rounds_beside_it() -> None:
+    import asyncio
+
+    from workflows.step_loop import train_beside
+
+    seen: list[str] = []
+
+    async def training() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("train task failed")
+
+    async def sampling() -> StepPlan:
+        try:
+            for _ in range(50):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append("finished")
+        raise AssertionError("unreachable")
+
+    async def driver() -> list[str]:
+        with pytest.raises(RuntimeError, match="train task failed"):
+            await train_beside(training(), sampling())
+        return list(seen)  # when the failure reaches the loop, not when the event loop shuts down
+
+    assert asyncio.run(driver()) == ["cancelled"]
