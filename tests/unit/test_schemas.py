@@ -306,3 +306,14 @@ def test_known_validated_content_is_trusted_only_for_its_sha256(tmp_path: Path, 
     schemas.shards.trust_validated(["0" * 64], Problem)
     read_shard(path, Problem)
     assert calls == ["p.parquet", "p.parquet"]  # the write, then the read of bytes nobody vouched for
+
+
+def test_validation_does_not_retry_the_missing_pyspark_import_per_column() -> None:
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("pyspark") is not None:
+        pytest.skip("pyspark is installed: pandera imports its engine once")
+    assert sys.modules["pandera.engines.pyspark_engine"] is None  # an import fails at once
+    with pytest.raises(ImportError):
+        from pandera.engines import pyspark_engine  # noqa: F401
