@@ -95,7 +95,9 @@ def step_split(layout: RunLayout, step: int, step_seconds: float) -> dict[str, f
         "gradient_s": gradient,
         "other_s": other,
         "other_share": other / step_seconds if step_seconds else float("nan"),
-        "worker_group_start_s": timings.get("group_start_s", 0.0),
+        "worker_group_start_s": timings.get("group_start_s", 0.0),  # processes up, DeepSpeed imported
+        "worker_load_s": timings.get("load_s", 0.0),  # policy + optimizer state into the engine
+        "train_launch_overhead_s": timings.get("launch_overhead_s", 0.0),  # train task time outside the workers' work
     }
 
 
@@ -175,7 +177,9 @@ def main() -> int:
         print(f"{name}: step {part['step_s']:.1f} s = generation {part['generation_s']:.1f} + gradient "
               f"{part['gradient_s']:.1f} + other {part['other_s']:.1f}  -> outside generation+gradient "
               f"{part['other_share']:.1%}")
-    print(f"{'first step: worker group start (s)':44s} {steps[0]['worker_group_start_s']:.1f}" if steps else "")
+    if steps:
+        print(f"{'first step: worker group start / load (s)':44s} {steps[0]['worker_group_start_s']:.1f} / "
+              f"{steps[0]['worker_load_s']:.1f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
