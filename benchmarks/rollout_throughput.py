@@ -5,16 +5,18 @@ generates ``--prompts`` x ``--samples`` responses of exactly ``--tokens`` tokens
 both engines do the same work) with each engine, and measures vLLM's engine start and in-place
 weight-reload times. Prints a table and writes benchmarks/results/rollout_throughput.json.
 
-vLLM runs in four sampling modes, each timed ``--repeats`` times, interleaved with transformers
-so that every repeat sees about the same load (the load average is recorded per repeat):
+transformers runs ``--repeats`` times first (in this process, before vLLM's CPU engine binds its
+threads: run after it, transformers slows down by an order of magnitude); then vLLM runs in four
+sampling modes, one of each per repeat, so that the modes see about the same load (the load
+average is recorded per measurement):
 
 * ``pipeline``: exactly what engines/rollout.py asks for: one request per sample (``n=1``) with
   its own seed and ``logprobs=0`` (the sampled token's log-prob);
 * ``seeds``: the same requests without log-probs; ``logprobs``: without seeds;
 * ``plain``: ``n=samples`` per prompt, no seed, no log-probs (a bare throughput test).
 
-The speedup of a repeat is vLLM's tokens/s over transformers' in the same repeat; the table
-gives the median and the range.
+A mode's speedup is its median tokens/s over transformers' median; the table also gives each
+one's range over the repeats.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16] [--repeats 3]
 """
@@ -84,6 +86,13 @@ def main() -> int:
 
     with torch.no_grad():
         model.generate(**{k: v[:2] for k, v in enc.items()}, do_sample=True, max_new_tokens=4, pad_token_id=0)  # warm-up
+    hf_runs = []
+    for repeat in range(args.repeats):
+        load = [round(x, 2) for x in os.getloadavg()]
+        hf_s, hf_tokens = timed_hf()
+        hf_runs.append({"repeat": repeat, "load_average": load, "transformers_tokens_per_s": round(hf_tokens / hf_s, 1)})
+        print(json.dumps(hf_runs[-1]), flush=True)
+    del model
 
     from vllm import SamplingParams
 
@@ -114,31 +123,32 @@ def main() -> int:
     runs = []
     for repeat in range(args.repeats):
         run: dict = {"repeat": repeat, "load_average": [round(x, 2) for x in os.getloadavg()]}
-        hf_s, hf_tokens = timed_hf()
-        run["transformers_tokens_per_s"] = round(hf_tokens / hf_s, 1)
         for mode in modes:
             seconds, tokens = timed_vllm(mode)
             run[f"vllm_{mode}_tokens_per_s"] = round(tokens / seconds, 1)
-            run[f"speedup_{mode}"] = round((tokens / seconds) / (hf_tokens / hf_s), 2)
         runs.append(run)
         print(json.dumps(run), flush=True)
     reload_s = [vllm_engine.reload_weights(llm, ckpt) for ckpt in (ckpt_b, ckpt_a, ckpt_b)]
 
-    def summary(key: str) -> dict:
-        values = [r[key] for r in runs]
+    def summary(key: str, rows: list[dict]) -> dict:
+        values = [r[key] for r in rows]
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    hf = summary("transformers_tokens_per_s", hf_runs)
 
     result = {
         "model_parameters": params, "dtype": args.dtype, "threads": args.threads,
         "prompts": args.prompts, "samples_per_prompt": args.samples, "tokens_per_sample": args.tokens,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")},
-        "transformers_tokens_per_s": summary("transformers_tokens_per_s"),
-        **{f"vllm_{m}_tokens_per_s": summary(f"vllm_{m}_tokens_per_s") for m in modes},
-        **{f"speedup_{m}": summary(f"speedup_{m}") for m in modes},
-        "runs": runs,
+        "transformers_tokens_per_s": hf,
+        **{f"vllm_{m}_tokens_per_s": summary(f"vllm_{m}_tokens_per_s", runs) for m in modes},
+        **{f"speedup_{m}": {k: round(v / hf["median"], 2)
+                            for k, v in summary(f"vllm_{m}_tokens_per_s", runs).items()} for m in modes},
+        "transformers_runs": hf_runs,
+        "vllm_runs": runs,
         "vllm_engine_start_s": round(start_s, 2),
         "vllm_weight_reload_s": [round(s, 3) for s in reload_s],
-        "load_average_before": runs[0]["load_average"],
+        "load_average_before": hf_runs[0]["load_average"],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "cpu": _cpu_model(),
         "python": platform.python_version(), "torch": torch.__version__,
@@ -147,7 +157,8 @@ def main() -> int:
     print(f"{'transformers generate':28}{_fmt(result['transformers_tokens_per_s']):>30}")
     for m in modes:
         print(f"{'vLLM ' + m:28}{_fmt(result[f'vllm_{m}_tokens_per_s']):>30}{_fmt(result[f'speedup_{m}'], 2):>28}")
-    print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load per repeat "
+    print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load (1 min) per "
+          f"transformers repeat {[r['load_average'][0] for r in hf_runs]}, per vLLM repeat "
           f"{[r['load_average'][0] for r in runs]}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
