@@ -8,8 +8,9 @@ checked at the stage boundary. Validation is a pure function of a file's bytes a
 it runs once per content in a process: bytes this process wrote or already validated as a model
 (or that the process that launched it vouched for: ``trust_validated``, by sha256) are read
 back with the Parquet and Arrow-schema checks only. The driver runs every task in-process, so a
-shard is validated where it is written and not again by each stage that reads it. Every failure is a ``ShardValidationError`` naming the file, the
-column and the first offending rows with their values.
+shard is validated where it is written and not again by each stage that reads it. Every failure
+is a ``ShardValidationError`` naming the file, the column and the first offending rows with
+their values.
 
 Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
 flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
