@@ -5,7 +5,20 @@ generates ``--prompts`` x ``--samples`` responses of exactly ``--tokens`` tokens
 both engines do the same work) with each engine, and measures vLLM's engine start and in-place
 weight-reload times. Prints a table and writes benchmarks/results/rollout_throughput.json.
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16]
+transformers runs ``--repeats`` times first (in this process, before vLLM's CPU engine binds its
+threads: run after it, transformers slows down by an order of magnitude); then vLLM runs in four
+sampling modes, one of each per repeat, so that the modes see about the same load (the load
+average is recorded per measurement):
+
+* ``pipeline``: exactly what engines/rollout.py asks for: one request per sample (``n=1``) with
+  its own seed and ``logprobs=0`` (the sampled token's log-prob);
+* ``seeds``: the same requests without log-probs; ``logprobs``: without seeds;
+* ``plain``: ``n=samples`` per prompt, no seed, no log-probs (a bare throughput test).
+
+A mode's speedup is its median tokens/s over transformers' median; the table also gives each
+one's range over the repeats.
+
+    .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -46,11 +60,11 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_throughput.json"))
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
-    load = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
     ckpt_a, ckpt_b = _build(work / "a", args, 0), _build(work / "b", args, 1)
     from transformers import AutoModelForCausalLM
@@ -61,13 +75,23 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(ckpt_a, dtype=getattr(torch, args.dtype)).eval()
     params = sum(p.numel() for p in model.parameters())
     enc = tok(prompts * args.samples, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    def timed_hf() -> tuple[float, int]:
+        with torch.no_grad():
+            started = time.perf_counter()
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                 max_new_tokens=args.tokens, min_new_tokens=args.tokens, pad_token_id=0)
+            seconds = time.perf_counter() - started
+        return seconds, (out.shape[1] - enc.input_ids.shape[1]) * out.shape[0]
+
     with torch.no_grad():
         model.generate(**{k: v[:2] for k, v in enc.items()}, do_sample=True, max_new_tokens=4, pad_token_id=0)  # warm-up
-        started = time.perf_counter()
-        out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             max_new_tokens=args.tokens, min_new_tokens=args.tokens, pad_token_id=0)
-        hf_s = time.perf_counter() - started
-    hf_tokens = (out.shape[1] - enc.input_ids.shape[1]) * out.shape[0]
+    hf_runs = []
+    for repeat in range(args.repeats):
+        load = [round(x, 2) for x in os.getloadavg()]
+        hf_s, hf_tokens = timed_hf()
+        hf_runs.append({"repeat": repeat, "load_average": load, "transformers_tokens_per_s": round(hf_tokens / hf_s, 1)})
+        print(json.dumps(hf_runs[-1]), flush=True)
     del model
 
     from vllm import SamplingParams
@@ -76,43 +100,80 @@ def main() -> int:
     started = time.perf_counter()
     llm = vllm_engine.create_engine(ckpt_a, settings)
     start_s = time.perf_counter() - started
-    def timed_vllm(seeded: bool) -> tuple[float, int]:
-        # As the pipeline samples: a seed per request (output independent of batching) and the
-        # sampled token's log-prob; "plain" drops both, as a bare throughput test would.
-        sp = [SamplingParams(n=args.samples, temperature=1.0, max_tokens=args.tokens, ignore_eos=True,
-                             logprobs=0 if seeded else None, seed=i if seeded else None)
-              for i in range(args.prompts)]
-        llm.generate([{"prompt_token_ids": p} for p in prompt_ids[:2]], sp[:2], use_tqdm=False)  # warm-up
+
+    def requests(mode: str) -> tuple[list[list[int]], list[SamplingParams]]:
+        common = dict(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
+        if mode == "plain":
+            return prompt_ids, [SamplingParams(n=args.samples, **common) for _ in prompt_ids]
+        # As engines/rollout.py: one request per sample, each with its own seed (output independent
+        # of batching and engine count) and/or the sampled token's log-prob.
+        ids = [p for p in prompt_ids for _ in range(args.samples)]
+        return ids, [SamplingParams(n=1, logprobs=0 if mode in ("pipeline", "logprobs") else None,
+                                    seed=1000 + i if mode in ("pipeline", "seeds") else None, **common)
+                     for i in range(len(ids))]
+
+    def timed_vllm(mode: str) -> tuple[float, int]:
+        ids, sp = requests(mode)
+        llm.generate([{"prompt_token_ids": p} for p in ids[:2]], sp[:2], use_tqdm=False)  # warm-up
         started = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], sp, use_tqdm=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    vllm_s, vllm_tokens = timed_vllm(seeded=True)
-    plain_s, plain_tokens = timed_vllm(seeded=False)
+    modes = ("pipeline", "seeds", "logprobs", "plain")
+    runs = []
+    for repeat in range(args.repeats):
+        run: dict = {"repeat": repeat, "load_average": [round(x, 2) for x in os.getloadavg()]}
+        for mode in modes:
+            seconds, tokens = timed_vllm(mode)
+            run[f"vllm_{mode}_tokens_per_s"] = round(tokens / seconds, 1)
+        runs.append(run)
+        print(json.dumps(run), flush=True)
     reload_s = [vllm_engine.reload_weights(llm, ckpt) for ckpt in (ckpt_b, ckpt_a, ckpt_b)]
+
+    def summary(key: str, rows: list[dict]) -> dict:
+        values = [r[key] for r in rows]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    hf = summary("transformers_tokens_per_s", hf_runs)
 
     result = {
         "model_parameters": params, "dtype": args.dtype, "threads": args.threads,
         "prompts": args.prompts, "samples_per_prompt": args.samples, "tokens_per_sample": args.tokens,
-        "transformers_tokens_per_s": round(hf_tokens / hf_s, 1),
-        "vllm_tokens_per_s": round(vllm_tokens / vllm_s, 1),
-        "speedup": round((vllm_tokens / vllm_s) / (hf_tokens / hf_s), 2),
-        "vllm_plain_tokens_per_s": round(plain_tokens / plain_s, 1),
-        "speedup_plain": round((plain_tokens / plain_s) / (hf_tokens / hf_s), 2),
+        "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")},
+        "transformers_tokens_per_s": hf,
+        **{f"vllm_{m}_tokens_per_s": summary(f"vllm_{m}_tokens_per_s", runs) for m in modes},
+        **{f"speedup_{m}": {k: round(v / hf["median"], 2)
+                            for k, v in summary(f"vllm_{m}_tokens_per_s", runs).items()} for m in modes},
+        "transformers_runs": hf_runs,
+        "vllm_runs": runs,
         "vllm_engine_start_s": round(start_s, 2),
         "vllm_weight_reload_s": [round(s, 3) for s in reload_s],
-        "load_average_before": [round(x, 2) for x in load],
+        "load_average_before": hf_runs[0]["load_average"],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpu": _cpu_model(),
         "python": platform.python_version(), "torch": torch.__version__,
     }
-    print(f"{'metric':<28}{'value':>14}")
-    for key in ("model_parameters", "transformers_tokens_per_s", "vllm_tokens_per_s", "speedup",
-                "vllm_plain_tokens_per_s", "speedup_plain",
-                "vllm_engine_start_s", "vllm_weight_reload_s", "load_average_before"):
-        print(f"{key:<28}{str(result[key]):>14}")
+    print(f"{'':28}{'tok/s (median, range)':>30}{'speedup vs transformers':>28}")
+    print(f"{'transformers generate':28}{_fmt(result['transformers_tokens_per_s']):>30}")
+    for m in modes:
+        print(f"{'vLLM ' + m:28}{_fmt(result[f'vllm_{m}_tokens_per_s']):>30}{_fmt(result[f'speedup_{m}'], 2):>28}")
+    print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load (1 min) per "
+          f"transformers repeat {[r['load_average'][0] for r in hf_runs]}, per vLLM repeat "
+          f"{[r['load_average'][0] for r in runs]}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _fmt(s: dict, digits: int = 1) -> str:
+    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

@@ -33,8 +33,18 @@ from settings.score import ScoreConfig
 
 
 @dataclass(frozen=True)
+class GroupDecision:
+    """One group's dynamic-sampling verdict, as its rows in the ScoredRollout shard hold it."""
+
+    group_key: str  # dapo_core.sampling.group_key: problem, checkpoint, round
+    filter_reason: str  # the rows' ``filter_reason`` (kept | all_correct | all_wrong | zero_reward_std)
+    problem_id: str
+
+
+@dataclass(frozen=True)
 class ScoreStats:
-    """Counts a scoring pass produces, folded into the step metrics."""
+    """Counts a scoring pass produces, folded into the step metrics, and every group's decision
+    (what the driver's dynamic-sampling accumulator takes, so it need not read the shard back)."""
 
     samples: int = 0
     groups: int = 0
@@ -46,6 +56,7 @@ class ScoreStats:
     verdict_errors: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    group_decisions: list[GroupDecision] = field(default_factory=list)  # one per group, first-row order
 
 
 def group_keys_of(table: pa.Table) -> list[str]:
@@ -153,13 +164,14 @@ def _scored_columns(
 
 
 def _score_stats(
-    samples: int, verdicts: list[Verdict], rewards: _Rewards, groups: int, decision_counts: Counter[str], start: float
+    samples: int, verdicts: list[Verdict], rewards: _Rewards, decisions: list[GroupDecision],
+    decision_counts: Counter[str], start: float
 ) -> ScoreStats:
     """The step-metric counts of one scoring pass that began at ``start`` (perf_counter)."""
     verdict_counts = summarize_verdicts(verdicts)
     return ScoreStats(
         samples=samples,
-        groups=groups,
+        groups=len(decisions),
         informative_groups=decision_counts.get(REASON_KEPT, 0),
         accuracy=float(rewards.correct.float().mean()),
         reward_mean=float(rewards.reward.mean()),
@@ -168,6 +180,7 @@ def _score_stats(
         verdict_errors=verdict_counts.error,
         decisions=dict(sorted(decision_counts.items())),
         seconds=time.perf_counter() - start,
+        group_decisions=decisions,
     )
 
 
@@ -200,11 +213,15 @@ def score_table(
     advantages = estimate_advantages(config.advantage_estimator, rewards.reward, group_keys)
     reasons, decision_counts = _group_reasons(group_keys, rewards.correct, rewards.reward, config)
     filter_reason = [reasons[k] for k in group_keys]
+    first_problem: dict[str, str] = {}
+    for key, pid in zip(group_keys, rollouts.column("problem_id").to_pylist()):
+        first_problem.setdefault(key, pid)
+    decisions = [GroupDecision(key, reason, first_problem[key]) for key, reason in reasons.items()]
 
     scored = rollouts
     for name, column in _scored_columns(gold, verdicts, rewards, advantages, filter_reason, config).items():
         scored = scored.append_column(name, column)
-    return scored, _score_stats(rollouts.num_rows, verdicts, rewards, len(reasons), decision_counts, start)
+    return scored, _score_stats(rollouts.num_rows, verdicts, rewards, decisions, decision_counts, start)
 
 
 def score_shards(

@@ -161,11 +161,8 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return table.select(list(REQUIRED_COLUMNS)).to_pylist()
 
 
-def load_rows(paths: Sequence[str | Path]) -> list[SampleRow]:
-    """Read ScoredRollout shards (files, or folders of ``*.parquet``) and select the kept rows.
-
-    Rollout ids must be unique across all shards (a duplicate would train on a sample twice).
-    """
+def shard_files(paths: Sequence[str | Path]) -> list[Path]:
+    """The shard files of ``paths`` (files, or folders of ``*.parquet``), in reading order."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -174,9 +171,17 @@ def load_rows(paths: Sequence[str | Path]) -> list[SampleRow]:
             files.append(p)
         else:
             raise TrainBatchError(f"{p}: no such ScoredRollout shard")
+    return files
+
+
+def load_rows(paths: Sequence[str | Path]) -> list[SampleRow]:
+    """Read ScoredRollout shards (files, or folders of ``*.parquet``) and select the kept rows.
+
+    Rollout ids must be unique across all shards (a duplicate would train on a sample twice).
+    """
     rows: list[SampleRow] = []
     seen: dict[str, str] = {}
-    for f in files:
+    for f in shard_files(paths):
         for row in select_rows(_read_records(f), source=str(f)):
             if row.rollout_id in seen:
                 raise TrainBatchError(

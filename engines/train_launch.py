@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import schemas
 from engines import threads, train_server
 from engines import train_batch as tb
 from engines.train_publish import (
@@ -175,8 +176,11 @@ def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: Tr
             raise TrainStepError(
                 f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
             )
+        # What this check validated, by content: the workers skip the schema checks for these
+        # exact bytes (schemas.trust_validated) and validate any other content they find.
         batches_meta.append({"step": int(step), "shards": [str(Path(s).resolve()) for s in shards],
-                             "parent_version": int(parent_version)})
+                             "parent_version": int(parent_version),
+                             "validated_sha256": [schemas.validated_sha256(s) for s in tb.shard_files(shards)]})
         parent_version = int(step)
     return batches_meta
 

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import schemas
 from engines.train_dist import all_reduce_scalars, init_process
 from engines.train_spec import WorkerSpec
 from engines.train_step import StepRunner
@@ -64,6 +65,7 @@ def run_request(runner: StepRunner, spec: WorkerSpec, load_s: float,
     (one dict per step, ``extra`` added to each) atomically to ``spec.metrics_path``."""
     results = []
     for entry in spec.steps:
+        schemas.trust_validated(entry.get("validated_sha256", []), schemas.ScoredRollout)  # the launch checked them
         results.append(runner.run_step(int(entry["step"]), list(entry["shards"]), int(entry["parent_version"])))
     if spec.probe_input_ids is not None:
         logits = runner.probe(spec.probe_input_ids)

@@ -33,6 +33,11 @@ from typing import Any
 
 import flyte
 
+from infra.flyte_types import memoize_dataclass_literal_types
+
+# Every task call converts its dataclass inputs and outputs; build each class's literal type once.
+memoize_dataclass_literal_types()
+
 TARGET_ENV_VAR = "DAPO_FLYTE_TARGET"  # "local" (default) or "cluster"
 PLAN_ENV_VAR = "DAPO_CLUSTER_PLAN"  # JSON: see cluster_settings()
 TARGETS = ("local", "cluster")

@@ -21,7 +21,9 @@ from schemas.shards import (
     read_shard,
     read_shards,
     shard_paths,
+    trust_validated,
     validate_table,
+    validated_sha256,
     write_shard,
 )
 
@@ -38,6 +40,8 @@ __all__ = [
     "read_shard",
     "read_shards",
     "shard_paths",
+    "trust_validated",
     "validate_table",
+    "validated_sha256",
     "write_shard",
 ]

@@ -12,6 +12,8 @@ logic lives in plain functions in ``ROW_RULES``, so the shard helpers can re-run
 offending rows.
 """
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import Optional
 
@@ -19,6 +21,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pandera.pyarrow as pdp
 from pandera.api.pyarrow.types import PyArrowData
+
+# pandera's narwhals backend runs `from pandera.engines import pyspark_engine` in every column's
+# dtype check, on every validation; without pyspark that import fails each time, and a failed
+# import searches sys.path again (~0.8 ms a column: a third to a half of validating a shard).
+# Recording the module as absent makes the import fail at once with the same ImportError, which
+# pandera catches (benchmarks/RESULTS.md, "Fixed per-step cost").
+if importlib.util.find_spec("pyspark") is None:
+    sys.modules.setdefault("pandera.engines.pyspark_engine", None)
 
 _HEX16 = r"^[0-9a-f]{16}$"
 NONEMPTY = {"min_value": 1}

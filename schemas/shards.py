@@ -4,8 +4,13 @@
 validates it, writes a temp file in the destination folder, fsyncs it and renames it into place:
 a reader can never see a partial or unvalidated file under the final name. ``read_shard``
 validates again on the way in (exact types, no casting), so a shard written by anything else is
-checked at the stage boundary. Every failure is a ``ShardValidationError`` naming the file, the
-column and the first offending rows with their values.
+checked at the stage boundary. Validation is a pure function of a file's bytes and its model, so
+it runs once per content in a process: bytes this process wrote or already validated as a model
+(or that the process that launched it vouched for: ``trust_validated``, by sha256) are read
+back with the Parquet and Arrow-schema checks only. The driver runs every task in-process, so a
+shard is validated where it is written and not again by each stage that reads it. Every failure
+is a ``ShardValidationError`` naming the file, the column and the first offending rows with
+their values.
 
 Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
 flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
@@ -14,7 +19,9 @@ to plausible wrong values (a log-prob, a reward) that pass the schema.
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -31,6 +38,7 @@ from schemas.disk_space import writing
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
 ShardData = pa.Table | pd.DataFrame | list[dict[str, Any]]
+_MAX_VALIDATED = 65536  # (sha256, model) pairs remembered; ~100 bytes each
 MAX_ROWS_SHOWN = 5
 _SCHEMA_METADATA_KEY = b"dapo.schema"
 
@@ -212,6 +220,39 @@ def validate_table(table: pa.Table, model: type, where: str = "<table>") -> pa.T
     return table
 
 
+# ----------------------------------------------------------------------------- validated content
+
+# (sha256 of a shard's bytes, model) pairs this process validated: the same bytes are valid again.
+_validated: collections.OrderedDict[tuple[str, type], None] = collections.OrderedDict()
+
+
+def _remember(sha256: str, model: type) -> None:
+    _validated[(sha256, model)] = None
+    _validated.move_to_end((sha256, model))
+    while len(_validated) > _MAX_VALIDATED:
+        _validated.popitem(last=False)
+
+
+def trust_validated(sha256s: Iterable[str], model: type) -> None:
+    """Treat shards with these exact bytes (sha256, hex) as validated ``model`` shards in this process.
+
+    For a process started by one that validated them (the training workers read the batch the
+    train task validated): a file with other bytes is still validated on read.
+    """
+    for sha in sha256s:
+        _remember(sha, model)
+
+
+def forget_validated() -> None:
+    """Forget what this process validated (tests; the next read of each shard validates again)."""
+    _validated.clear()
+
+
+def validated_sha256(path: str | Path) -> str:
+    """sha256 (hex) of the shard at ``path`` as ``read_shard`` keys its validation (its bytes)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -233,11 +274,14 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
     """
     path = Path(path)
     table = validate_table(_conform(data, model, str(path)), model, str(path))
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer, compression="zstd", write_page_checksum=True)
+    data_bytes = buffer.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with writing(path, f"{model.__name__} shard"), os.fdopen(fd, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd", write_page_checksum=True)
+            handle.write(data_bytes)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; shards are meant to be shared read-only
@@ -246,14 +290,20 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+    _remember(hashlib.sha256(data_bytes).hexdigest(), model)
     return path
 
 
 def read_shard(path: str | Path, model: type) -> pa.Table:
-    """Read one Parquet shard and validate it as ``model`` (exact types, no casting)."""
+    """Read one Parquet shard and validate it as ``model`` (exact types, no casting).
+
+    Page checksums and the exact Arrow schema are checked on every read; the model's checks
+    (pandera) once per content in this process (see the module docstring).
+    """
     path = Path(path)
     try:
-        table = pq.read_table(path, page_checksum_verification=True)
+        data = path.read_bytes()
+        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
     except (OSError, pa.ArrowException) as err:
         raise ShardValidationError(str(path), model.__name__, [f"cannot read Parquet: {err}"]) from None
     schema = arrow_schema(model)
@@ -270,7 +320,13 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     if problems:
         raise ShardValidationError(str(path), model.__name__, problems)
     table = table.select(schema.names).replace_schema_metadata(schema.metadata)
-    return validate_table(table, model, str(path))
+    sha256 = hashlib.sha256(data).hexdigest()
+    if (sha256, model) in _validated:
+        _validated.move_to_end((sha256, model))
+        return table
+    validate_table(table, model, str(path))
+    _remember(sha256, model)
+    return table
 
 
 def shard_paths(folder_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:

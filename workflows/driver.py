@@ -28,7 +28,7 @@ from dapo_core.intervals import paired_change
 from engines import threads
 from engines.policy_bootstrap import policy_tokenizer_folder
 from engines.rollout import check_prompt_lengths, manifest_path
-from engines.scoring import group_keys_of
+from engines.scoring import ScoreStats
 from engines.train_publish import METRICS_FILE
 from infra.environments import cpu_env
 from storage import checkpoints, digests, pruning, run_store
@@ -62,15 +62,15 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
     run_store.write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _round_groups(scored_path: str, step: int, behaviour_step: int) -> list[tuple[str, str, GroupRef]]:
-    """``(group_key, reason, ref)`` per group of a scored round, in first-row order."""
-    table = schemas.read_shard(run_store.fetch(scored_path), schemas.ScoredRollout)
-    seen: dict[str, tuple[str, str]] = {}
-    keys = group_keys_of(table)
-    for key, reason, pid in zip(keys, table.column("filter_reason").to_pylist(), table.column("problem_id").to_pylist()):
-        seen.setdefault(key, (reason, pid))
-    return [(key, reason, GroupRef(problem_id=pid, source=scored_path, generated_step=step, behaviour_step=behaviour_step))
-            for key, (reason, pid) in seen.items()]
+def _round_groups(stats: ScoreStats, scored_path: str, step: int, behaviour_step: int) -> list[tuple[str, str, GroupRef]]:
+    """``(group_key, reason, ref)`` per group of a scored round, in first-row order.
+
+    The score task returns every group's decision (``ScoreStats.group_decisions``, the values its
+    shard's rows hold), so the driver does not read the scored shard back.
+    """
+    return [(d.group_key, d.filter_reason, GroupRef(problem_id=d.problem_id, source=scored_path, generated_step=step,
+                                                    behaviour_step=behaviour_step))
+            for d in stats.group_decisions]
 
 
 def _problem_ids(paths: list[str]) -> list[str]:
@@ -310,12 +310,11 @@ class _PipelineStages:
         rollout_s = time.perf_counter() - t
         scored_path = str(layout.scored_shard(step, generation_round))
         t = time.perf_counter()
-        stats = asdict(
-            await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
-                                cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
-        )
+        scored = await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
+                                     cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
+        stats = {k: v for k, v in asdict(scored).items() if k != "group_decisions"}
         stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
-        return GeneratedRound(groups=_round_groups(scored_path, step, behaviour_step), stats=stats)
+        return GeneratedRound(groups=_round_groups(scored, scored_path, step, behaviour_step), stats=stats)
 
     async def train(self, plan: StepPlan) -> None:
         with flyte.group(step_group(plan.step)):

@@ -28,3 +28,17 @@ def test_nan_accuracy_round_trips_through_the_metrics_shard(tmp_path: Path) -> N
     value = schemas.read_shard(path, schemas.StepMetrics).to_pylist()[0]["accuracy"]
     assert value is None or math.isnan(value)
     assert _fmt3(value) == "nan"
+
+
+def test_round_groups_come_from_the_score_stats_without_reading_the_shard() -> None:
+    from engines.scoring import GroupDecision, ScoreStats
+    from workflows.driver import _round_groups
+    from workflows.step_loop import GroupRef
+
+    stats = ScoreStats(groups=2, group_decisions=[GroupDecision("k-b", "all_wrong", "b" * 16),
+                                                  GroupDecision("k-a", "kept", "a" * 16)])
+    missing = "/nonexistent/steps/0003/scored/round-00.parquet"  # never opened
+    assert _round_groups(stats, missing, 3) == [
+        ("k-b", "all_wrong", GroupRef(problem_id="b" * 16, source=missing, generated_step=3)),
+        ("k-a", "kept", GroupRef(problem_id="a" * 16, source=missing, generated_step=3)),
+    ]

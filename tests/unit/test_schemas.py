@@ -254,3 +254,66 @@ def test_flipped_bytes_in_a_data_page_fail_the_read_naming_the_file(tmp_path: Pa
         pytest.fail("no 4-byte flip in the page decodes to other values (test needs another column)")
     with pytest.raises(ShardValidationError, match=r"batch\.parquet: .*\n.*cannot read Parquet.*(?i:checksum)"):
         read_shard(path, Rollout)
+
+
+def _counting_validations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    original = schemas.shards.validate_table
+
+    def counted(table: pa.Table, model: type, where: str = "<table>") -> pa.Table:
+        calls.append(Path(where).name)
+        return original(table, model, where)
+
+    monkeypatch.setattr(schemas.shards, "validate_table", counted)
+    return calls
+
+
+def test_a_shard_is_validated_once_per_content_in_a_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validate once per boundary: bytes this process wrote or read as a model are not validated again."""
+    schemas.shards.forget_validated()
+    calls = _counting_validations(monkeypatch)
+    path = write_shard([problem_row()], tmp_path / "p.parquet", Problem)
+    assert calls == ["p.parquet"]
+    assert read_shard(path, Problem).equals(read_shard(path, Problem))
+    assert calls == ["p.parquet"]  # the bytes it wrote, unchanged: no second validation
+    with pytest.raises(ShardValidationError, match="missing column"):
+        read_shard(path, Rollout)  # validated as Problem says nothing about Rollout: the schema check still runs
+    # Other content at the same path (a file replaced by another writer) is validated again ...
+    pq.write_table(pa.Table.from_pylist([problem_row(split="")], schema=arrow_schema(Problem)), path)
+    with pytest.raises(ShardValidationError, match=r"column 'split'"):
+        read_shard(path, Problem)
+    # ... and so is a foreign file read for the first time, once.
+    other = tmp_path / "foreign.parquet"
+    pq.write_table(pa.Table.from_pylist([problem_row(problem_id="fedcba9876543210")], schema=arrow_schema(Problem)),
+                   other)
+    read_shard(other, Problem)
+    read_shard(other, Problem)
+    assert calls.count("foreign.parquet") == 1
+
+
+def test_known_validated_content_is_trusted_only_for_its_sha256(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process told which content another process validated (the train workers) skips it only for those bytes."""
+    import hashlib
+
+    path = write_shard([problem_row()], tmp_path / "p.parquet", Problem)
+    schemas.shards.forget_validated()
+    calls = _counting_validations(monkeypatch)
+    schemas.shards.trust_validated([hashlib.sha256(path.read_bytes()).hexdigest()], Problem)
+    read_shard(path, Problem)
+    assert calls == []
+    write_shard([problem_row(answer=25)], path, Problem)
+    schemas.shards.forget_validated()
+    schemas.shards.trust_validated(["0" * 64], Problem)
+    read_shard(path, Problem)
+    assert calls == ["p.parquet", "p.parquet"]  # the write, then the read of bytes nobody vouched for
+
+
+def test_validation_does_not_retry_the_missing_pyspark_import_per_column() -> None:
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("pyspark") is not None:
+        pytest.skip("pyspark is installed: pandera imports its engine once")
+    assert sys.modules["pandera.engines.pyspark_engine"] is None  # an import fails at once
+    with pytest.raises(ImportError):
+        from pandera.engines import pyspark_engine  # noqa: F401

@@ -69,3 +69,28 @@ def test_without_dynamic_sampling_every_group_is_kept_and_unknown_problems_are_e
     assert stats.decisions == {"all_correct": 1, "all_wrong": 1}  # still reported
     with pytest.raises(ValueError, match="not in the problem shards"):
         score_table(rollouts, PROBLEMS.slice(0, 1), max_response_tokens=10, config=ScoreConfig(overlong_buffer_tokens=4), source="r.parquet")
+
+
+def _groups_from_shard(scored: pa.Table) -> list[tuple[str, str, str]]:
+    """(group key, filter reason, problem id) per group in first-row order, read from the rows:
+    what the driver used to re-read the scored shard for."""
+    from engines.scoring import group_keys_of
+
+    seen: dict[str, tuple[str, str]] = {}
+    for key, reason, pid in zip(group_keys_of(scored), scored.column("filter_reason").to_pylist(),
+                                scored.column("problem_id").to_pylist()):
+        seen.setdefault(key, (reason, pid))
+    return [(key, reason, pid) for key, (reason, pid) in seen.items()]
+
+
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_score_stats_carry_the_group_decisions_the_shard_holds(dynamic_sampling: bool) -> None:
+    # Interleaved rows (B before A, A's rows apart): first-row order, one entry per group.
+    rows = _rollouts(["Answer: 34", "Answer: 35"], ["Answer: 7", "Answer: 8"], lengths=[4, 4, 4, 4])
+    rollouts = rows.take(pa.array([2, 0, 3, 1]))
+    config = ScoreConfig(overlong_buffer_tokens=4, dynamic_sampling=dynamic_sampling)
+    scored, stats = score_table(rollouts, PROBLEMS, max_response_tokens=10, config=config)
+    got = [(d.group_key, d.filter_reason, d.problem_id) for d in stats.group_decisions]
+    assert got == _groups_from_shard(scored)
+    assert [pid for _, _, pid in got] == [PID_B, PID_A]
+    assert len(got) == stats.groups

@@ -174,3 +174,16 @@ def test_deepspeed_config_fields() -> None:
         build_deepspeed_config(zero_stage=1, precision="fp16", micro_batch_samples=1, gradient_accumulation_steps=1,
                                world_size=1, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0, adam_eps=1e-8,
                                grad_clip_norm=1.0)
+
+
+def test_the_launch_hands_the_workers_the_sha256_of_what_it_validated(tmp_path: Path) -> None:
+    """The train task validates the batch once; the workers skip the schema checks for those bytes only."""
+    import hashlib
+
+    from engines.train_launch import _check_batches
+    from settings.train import TrainConfig
+
+    write_scored(tmp_path / "batch.parquet", random_batch(3, 4, vocab=20))
+    meta = _check_batches([(1, [tmp_path / "batch.parquet"])], TrainConfig(updates_per_step=1), parent_version=0)
+    assert meta[0]["validated_sha256"] == [hashlib.sha256((tmp_path / "batch.parquet").read_bytes()).hexdigest()]
+    assert tb.shard_files([tmp_path]) == [tmp_path / "batch.parquet"]
