@@ -38,7 +38,7 @@ def test_round_groups_come_from_the_score_stats_without_reading_the_shard() -> N
     stats = ScoreStats(groups=2, group_decisions=[GroupDecision("k-b", "all_wrong", "b" * 16),
                                                   GroupDecision("k-a", "kept", "a" * 16)])
     missing = "/nonexistent/steps/0003/scored/round-00.parquet"  # never opened
-    assert _round_groups(stats, missing, 3) == [
-        ("k-b", "all_wrong", GroupRef(problem_id="b" * 16, source=missing, generated_step=3)),
-        ("k-a", "kept", GroupRef(problem_id="a" * 16, source=missing, generated_step=3)),
+    assert _round_groups(stats, missing, 3, 2) == [
+        ("k-b", "all_wrong", GroupRef(problem_id="b" * 16, source=missing, generated_step=3, behaviour_step=2)),
+        ("k-a", "kept", GroupRef(problem_id="a" * 16, source=missing, generated_step=3, behaviour_step=2)),
     ]
