@@ -97,8 +97,24 @@ def _held_out_intervals(layout: RunLayout, evals: list[dict[str, Any]]) -> dict[
     if len(evals) < 2 or len(common) < 2:
         return {}
     change, half = paired_change([per_step[0][p] for p in common], [per_step[-1][p] for p in common])
-    return {"accuracy_change": change, "accuracy_change_ci95": [change - half, change + half],
+    return {"accuracy_before_ci95": _interval(evals[0]), "accuracy_after_ci95": _interval(evals[-1]),
+            "accuracy_change": change, "accuracy_change_ci95": [change - half, change + half],
             "accuracy_change_method": f"paired over the {len(common)} held-out problems (t interval of per-problem differences)"}
+
+
+def _interval(evaluation: dict[str, Any]) -> list[float] | None:
+    """[low, high] 95% interval of one evaluation's avg@k (t over problems), or None without a spread."""
+    half = evaluation.get("avg_at_k_ci95_half")
+    return None if half is None else [evaluation["avg_at_k"] - half, evaluation["avg_at_k"] + half]
+
+
+def _best_eval(evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The highest held-out avg@k of the run and its step (the first such step on a tie).
+
+    Reported beside the final one so a run that peaks and then degrades says so.
+    """
+    best = max(evals, key=lambda e: e["avg_at_k"])  # max keeps the first of equal values
+    return {"accuracy_best": best["avg_at_k"], "accuracy_best_step": best["step"]}
 
 
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
@@ -423,6 +439,7 @@ def _summary(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], stages
         "steps_done": len(stages.metrics_rows),
         "accuracy_before": evals[0]["avg_at_k"],
         "accuracy_after": evals[-1]["avg_at_k"],
+        **_best_eval(evals),
         "pass_at_k_before": evals[0]["pass_at_k"],
         "pass_at_k_after": evals[-1]["pass_at_k"],
         "eval_problems": evals[0]["problems"],

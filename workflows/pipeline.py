@@ -182,11 +182,19 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
 def format_summary(summary: dict[str, Any]) -> str:
     """The one-screen summary printed at the end of ``dapo run``."""
     before, after = summary["accuracy_before"], summary["accuracy_after"]
+    change = summary.get("accuracy_change_ci95")
     lines = [
         "",
         f"DAPO run {Path(summary['run_dir']).name}  ({summary['config']}, digest {summary['config_digest']})",
-        f"  held-out avg@{summary['eval_k']} on {summary['eval_problems']} problems: "
-        f"{before:.1%} -> {after:.1%}  ({(after - before) * 100:+.1f} points)",
+        f"  held-out avg@{summary['eval_k']} on {summary['eval_problems']} problems (95% intervals): "
+        f"{before:.1%}{_interval_text(summary.get('accuracy_before_ci95'))} -> "
+        f"{after:.1%}{_interval_text(summary.get('accuracy_after_ci95'))}",
+        f"  change: {(after - before) * 100:+.1f} points"
+        + (f" (paired over problems: {change[0] * 100:+.1f} to {change[1] * 100:+.1f})" if change else ""),
+    ]
+    if "accuracy_best" in summary and summary["accuracy_best_step"] != summary["steps_done"]:
+        lines.append(f"  best evaluation: {summary['accuracy_best']:.1%} at step {summary['accuracy_best_step']}")
+    lines += [
         f"  pass@{summary['eval_k']}: {summary['pass_at_k_before']:.1%} -> {summary['pass_at_k_after']:.1%}",
         f"  steps: {summary['steps']}   wall time: {summary['wall_seconds']:.1f} s"
         + (f"   (step mean {sum(summary['step_seconds']) / len(summary['step_seconds']):.1f} s)" if summary["step_seconds"] else ""),
@@ -195,6 +203,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  lineage: dapo lineage {summary['run_dir']} --step {summary['steps']} | head -1",
     ]
     return "\n".join(lines)
+
+
+def _interval_text(interval: list[float] | None) -> str:
+    """`` [26.1%, 31.9%]`` for a [low, high] fraction interval; empty when there is none."""
+    return "" if not interval else f" [{interval[0]:.1%}, {interval[1]:.1%}]"
 
 
 def run_cli(args: argparse.Namespace) -> int:
