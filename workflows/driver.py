@@ -386,9 +386,9 @@ class _PipelineStages:
                                           keep_optimizer_last=drv.keep_optimizer_checkpoints,
                                           keep_weights_every=drv.keep_weights_every_steps)
         if removed:
-            print(f"[retention] after step {step}: pruned {len(removed)} file(s) of older checkpoints "
-                  f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
-                  f"run.keep_weights_every_steps={drv.keep_weights_every_steps})", flush=True)
+            progress.note(f"[retention] after step {step}: pruned {len(removed)} file(s) of older checkpoints "
+                          f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
+                          f"run.keep_weights_every_steps={drv.keep_weights_every_steps})")
 
     async def refresh_report(self) -> None:
         """Redraw the run page with the steps so far (status "running", ETA), so a user watching the
