@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -38,13 +38,6 @@ from engines import train_server  # noqa: E402
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
 from engines.train_launch import train_step  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -114,13 +115,6 @@ def _commit() -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "") if proc.returncode == 0 else "unknown"
 
 
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
@@ -145,7 +139,7 @@ def main() -> int:
     steady = steps[args.steady_from - 1:]
     result = {
         "commit": _commit(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "config": args.config,

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+
 REPO = Path(__file__).resolve().parents[1]
 # mode -> (run.pipelined, OMP_NUM_THREADS for the whole run or None = the run's own choice).
 # "sync-1thread" is the control: synchronous with each side on one thread, as pipelined runs them,
@@ -39,14 +41,6 @@ MODES = {"sync": ("false", None), "pipelined": ("true", None), "sync-1thread": (
 
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    return next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "unknown")
 
 
 def _dapo_run(config: str, sets: list[str], run_root: Path, log: Path, threads: str | None = None) -> float:
@@ -145,7 +139,7 @@ def main() -> int:
                 for p in runs if p["mode"] == "pipelined" and p["seed"] == s["seed"]]
     result = {
         "config": args.config, "overrides": common, "steps": args.steps, "seeds": args.seeds,
-        "cpu_model": _cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "mean": by_mode, "speedup_per_seed": [round(x, 3) for x in speedups], "runs": runs,
     }
     print()

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -150,7 +152,7 @@ def main() -> int:
         "vllm_weight_reload_s": [round(s, 3) for s in reload_s],
         "load_average_before": hf_runs[0]["load_average"],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "python": platform.python_version(), "torch": torch.__version__,
     }
     print(f"{'':28}{'tok/s (median, range)':>30}{'speedup vs transformers':>28}")
@@ -167,13 +169,6 @@ def main() -> int:
 
 def _fmt(s: dict, digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
