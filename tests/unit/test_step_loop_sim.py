@@ -73,6 +73,23 @@ def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str])
     assert min(counts) >= last - 1 - held_back_epochs, (min(counts), last, held_back_epochs)
 
 
+def check_resume_equals_uninterrupted(loop: LoopSettings, rates: dict[str, float], group: int, data: st.DataObject) -> None:
+    """Kill a run at one of the calls it made (a generate round or a train call, drawn by ``data``),
+    start it again on the same cache, and check it makes the same requests, training and policy."""
+    plans, reference = simulate(loop, rates, group)
+    calls = [("generate", s, r) for s, r, _ in reference.requests] + [("train", p.step, -1) for p in plans if not p.skipped]
+    stop_at = data.draw(st.sampled_from(calls))
+    cache = SimulatedCache()
+    with pytest.raises(SimulatedStop):
+        simulate(loop, rates, group, cache=cache, stop_at=stop_at)
+    resumed_plans, resumed = simulate(loop, rates, group, cache=cache)
+    assert resumed.requests == reference.requests
+    assert resumed.trained == reference.trained
+    assert resumed.checkpoint == reference.checkpoint
+    assert resumed.generated_from == reference.generated_from
+    check_invariants(resumed_plans, loop, list(rates))
+
+
 def run_checked(loop: LoopSettings, rates: dict[str, float], group: int) -> tuple[list[StepPlan], SimulatedCache, object]:
     cache = SimulatedCache()
     try:
@@ -128,18 +145,7 @@ def test_a_run_stopped_anywhere_resumes_into_the_same_draws(shape, data) -> None
     loop, rates, group = shape
     if loop.on_max_rounds == "raise":
         loop = LoopSettings(**{**loop.__dict__, "on_max_rounds": "train_on_partial"})
-    plans, reference = simulate(loop, rates, group)
-    # Kill it at one of the calls it made (a generate round or a train call), then start again.
-    calls = [("generate", s, r) for s, r, _ in reference.requests] + [("train", p.step, -1) for p in plans if not p.skipped]
-    stop_at = data.draw(st.sampled_from(calls))
-    cache = SimulatedCache()
-    with pytest.raises(SimulatedStop):
-        simulate(loop, rates, group, cache=cache, stop_at=stop_at)
-    resumed_plans, resumed = simulate(loop, rates, group, cache=cache)
-    assert resumed.requests == reference.requests
-    assert resumed.trained == reference.trained
-    assert resumed.checkpoint == reference.checkpoint
-    check_invariants(resumed_plans, loop, list(rates))
+    check_resume_equals_uninterrupted(loop, rates, group, data)
 
 
 def test_the_extremes_force_max_rounds_with_the_documented_outcomes() -> None:
@@ -208,18 +214,7 @@ def test_every_pipelined_run_keeps_the_loop_promises_one_step_off_policy(shape) 
 def test_a_pipelined_run_stopped_anywhere_resumes_into_the_same_draws(shape, data) -> None:
     loop, rates, group = shape
     loop = pipelined(LoopSettings(**{**loop.__dict__, "on_max_rounds": "train_on_partial"}))
-    plans, reference = simulate(loop, rates, group)
-    calls = [("generate", s, r) for s, r, _ in reference.requests] + [("train", p.step, -1) for p in plans if not p.skipped]
-    stop_at = data.draw(st.sampled_from(calls))
-    cache = SimulatedCache()
-    with pytest.raises(SimulatedStop):
-        simulate(loop, rates, group, cache=cache, stop_at=stop_at)
-    resumed_plans, resumed = simulate(loop, rates, group, cache=cache)
-    assert resumed.requests == reference.requests
-    assert resumed.trained == reference.trained
-    assert resumed.checkpoint == reference.checkpoint
-    assert resumed.generated_from == reference.generated_from
-    check_invariants(resumed_plans, loop, list(rates))
+    check_resume_equals_uninterrupted(loop, rates, group, data)
 
 
 def test_pipelined_generation_overlaps_training_from_the_policy_one_step_behind() -> None:
