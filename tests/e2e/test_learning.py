@@ -8,7 +8,7 @@ benchmarks/RESULTS.md; this keeps the test near 5 minutes). Two conditions, both
 - the change is at least ``MIN_GAIN`` (+4 points of avg@k), and
 - its paired 95% interval over the held-out problems (summary.json ``accuracy_change_ci95``) lies
   above zero, so the gain is not the evaluation's own noise (one evaluation's standard error is
-  ~1.6 points on 648 problems x 4 samples).
+  ~1.7 points on 648 problems x 4 samples).
 
 The control is the same run from the same step-0 policy with ``train.lr=1e-12`` (no learning): the
 policy does not move, both evaluations sample the same policy with the same seeds, and the change
