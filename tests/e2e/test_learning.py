@@ -13,6 +13,10 @@ benchmarks/RESULTS.md; this keeps the test near 5 minutes). Two conditions, both
 The control is the same run from the same step-0 policy with ``train.lr=1e-12`` (no learning): the
 policy does not move, both evaluations sample the same policy with the same seeds, and the change
 is +0.0 - the check must reject it (``test_no_learning_is_rejected``), or it could not fail.
+
+Measured (AMD EPYC, 2 shared cores, load ~2.5-3, 2026-11-23): the 20-step run went 29.4% -> 41.1%
+held-out avg@4 (+11.7, paired 95% interval +8.8 to +14.7) in 350 s of pipeline time; the control
+29.4% -> 29.4% (interval +0.0 to +0.0) in 60 s; both tests 442 s.
 """
 
 from __future__ import annotations
