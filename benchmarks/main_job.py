@@ -16,6 +16,18 @@ are never touched); pip packages and the OS page cache stay warm. Writes
 benchmarks/results/main_job.json (``--out``) with the commit and the load average.
 
     python benchmarks/main_job.py [--config FILE] [--set k=v ...] [--keep DIR] [--no-rerun]
+
+Seeds mode (``--seeds 0 1 2 3 4``): one run per seed S (``--set run.seed=S --set train.seed=S``),
+one after another, each in a fresh run folder under ``--keep``. Prints per seed the held-out avg@k
+before, best (and its step) and final with their 95% intervals, the change with its paired 95%
+interval over problems (summary.json), the pipeline's own seconds (summary.json ``wall_seconds``:
+curation, warm-up, steps and evaluations; process start excluded) and the 1-minute load average
+over the run (sampled every 10 s: the machine may be shared, so a run's time is only comparable at
+similar load); then the median, range and a t interval of the mean change over seeds. A seed whose
+finished run folder is already under ``--keep`` is read, not re-run. Writes
+benchmarks/results/main_job_seeds.json (``--out``) with the commit and the CPU model.
+
+    python benchmarks/main_job.py --seeds 0 1 2 3 4 [--config FILE] [--set k=v ...] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -24,17 +36,21 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Self
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from dapo_core.intervals import mean_interval  # noqa: E402
 from storage.run_layout import RunLayout  # noqa: E402
 
 
@@ -115,6 +131,133 @@ def _commit() -> str:
     return proc.stdout.strip() + ("+dirty" if dirty else "") if proc.returncode == 0 else "unknown"
 
 
+class LoadSampler:
+    """The 1-minute load average every ``every_s`` seconds while a run goes (a background thread)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s, self.samples = every_s, [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def stats(self) -> dict[str, float]:
+        return {"mean": round(statistics.fmean(self.samples), 2), "min": round(min(self.samples), 2),
+                "max": round(max(self.samples), 2), "samples": len(self.samples)}
+
+
+def seed_row(seed: int, summary: dict, load: dict | None) -> dict:
+    """One seed's line of the table, from its summary.json (fractions, not percent)."""
+    evals = summary["evals"]
+    best = max(evals, key=lambda e: e["avg_at_k"])
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    return {
+        "seed": seed,
+        "before": before,
+        "before_ci95_half": evals[0].get("avg_at_k_ci95_half"),
+        "best": best["avg_at_k"],
+        "best_step": best["step"],
+        "best_ci95_half": best.get("avg_at_k_ci95_half"),
+        "final": after,
+        "final_ci95_half": evals[-1].get("avg_at_k_ci95_half"),
+        "change": after - before,
+        "change_ci95": summary.get("accuracy_change_ci95"),
+        "best_minus_final": best["avg_at_k"] - after,
+        "evals": [(e["step"], e["avg_at_k"]) for e in evals],
+        "steps": summary["steps"],
+        "pipeline_seconds": summary["wall_seconds"],
+        "step_seconds_mean": round(statistics.fmean(summary["step_seconds"]), 2) if summary["step_seconds"] else None,
+        "load_1min": load,
+        "run_dir": summary["run_dir"],
+    }
+
+
+def over_seeds(changes: list[float]) -> dict:
+    """Median, range and the t interval of the mean of the per-seed change."""
+    mean, half = mean_interval(changes)
+    return {
+        "median": statistics.median(changes), "min": min(changes), "max": max(changes), "mean": mean,
+        "mean_ci95": None if half is None else [mean - half, mean + half],
+        "method": f"t interval of the mean over {len(changes)} seeds (df {len(changes) - 1})",
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}"
+
+
+def _row_text(r: dict) -> str:
+    def with_half(v: float, half: float | None) -> str:
+        return _pct(v) + (f" +/-{half * 100:.1f}" if half is not None else "")
+
+    ci = r["change_ci95"]
+    change = f"{r['change'] * 100:+.1f}" + (f" [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]" if ci else "")
+    load = r["load_1min"]
+    load_text = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load else "n/a"
+    return (f"{r['seed']:>4} {with_half(r['before'], r['before_ci95_half']):>13} "
+            f"{_pct(r['best']) + ' (' + str(r['best_step']) + ')':>13} {with_half(r['final'], r['final_ci95_half']):>13} "
+            f"{change:>24} {r['best_minus_final'] * 100:>10.1f} {r['pipeline_seconds']:>10.0f} {load_text:>20}")
+
+
+def run_seeds(args: argparse.Namespace) -> int:
+    """One run per seed, the per-seed table and the spread over seeds; writes ``args.out``."""
+    run_root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dapo-main-job-seeds-"))
+    rows = []
+    for seed in args.seeds:
+        name = f"seed-{seed}"
+        summary_path, load_path = run_root / name / "summary.json", run_root / f"{name}.load.json"
+        if summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "finished":
+            print(f"seed {seed}: reading the finished run in {summary_path.parent}", flush=True)
+        else:
+            print(f"seed {seed}: running ...", flush=True)
+            sets = [*args.set, f"run.seed={seed}", f"train.seed={seed}", f"run.name={name}"]
+            with LoadSampler() as sampler:
+                _run(args.config, sets, run_root, {})
+            # Kept beside the run folder, so reading the folder again later still reports its load.
+            load_path.write_text(json.dumps(sampler.stats()) + "\n")
+        summary = json.loads(summary_path.read_text())
+        load = json.loads(load_path.read_text()) if load_path.exists() else None
+        rows.append(seed_row(seed, summary, load))
+        print(_row_text(rows[-1]), flush=True)
+
+    stats = over_seeds([r["change"] for r in rows])
+    k, n = summary["eval_k"], summary["eval_problems"]
+    print()
+    print(f"commit {_commit()}, cpu {cpu_model()}; config {args.config} {' '.join(args.set)}")
+    print(f"held-out avg@{k} on {n} problems, {summary['steps']} steps; percent, +/- = 95% interval half-width")
+    print(f"{'seed':>4} {'before':>13} {'best (step)':>13} {'final':>13} {'change [paired 95%]':>24} "
+          f"{'best-final':>10} {'pipeline s':>10} {'load mean (min-max)':>20}")
+    for r in rows:
+        print(_row_text(r))
+    ci = stats["mean_ci95"]
+    print(f"change over seeds: median {stats['median'] * 100:+.1f}, range {stats['min'] * 100:+.1f} to "
+          f"{stats['max'] * 100:+.1f}, mean {stats['mean'] * 100:+.1f}"
+          + (f" (95% t interval {ci[0] * 100:+.1f} to {ci[1] * 100:+.1f})" if ci else ""))
+    secs = [r["pipeline_seconds"] for r in rows]
+    print(f"pipeline seconds: median {statistics.median(secs):.0f}, max {max(secs):.0f}")
+    result = {
+        "commit": _commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
+        "config": args.config, "overrides": args.set, "seeds": args.seeds, "eval_k": k, "eval_problems": n,
+        "steps": summary["steps"], "per_seed": rows, "change_over_seeds": stats,
+        "pipeline_seconds": {"median": statistics.median(secs), "max": max(secs)},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
@@ -122,8 +265,14 @@ def main() -> int:
     parser.add_argument("--keep", help="keep the run folder under this directory")
     parser.add_argument("--steady-from", type=int, default=3, help="first step of the steady state")
     parser.add_argument("--no-rerun", action="store_true", help="skip the cached re-run")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "main_job.json"))
+    parser.add_argument("--seeds", type=int, nargs="+", help="run once per seed and report the spread (seeds mode)")
+    parser.add_argument("--out", help="JSON output (default: benchmarks/results/main_job.json, or "
+                                      "main_job_seeds.json with --seeds)")
     args = parser.parse_args()
+    if args.seeds:
+        args.out = args.out or str(REPO / "benchmarks" / "results" / "main_job_seeds.json")
+        return run_seeds(args)
+    args.out = args.out or str(REPO / "benchmarks" / "results" / "main_job.json")
 
     run_root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dapo-main-job-"))
     if args.keep and run_root.exists():

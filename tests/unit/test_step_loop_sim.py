@@ -168,10 +168,10 @@ def test_a_pool_smaller_than_a_step_is_refused_before_any_generation() -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_the_tiny_config_shape_over_three_epochs(seed: int) -> None:
-    """configs/tiny-cpu.yaml's loop over a 700-problem pool for 60 steps (about 4 epochs of draws)."""
+    """configs/tiny-cpu.yaml's loop over its 585-problem train split for its 60 steps (about 5 epochs of draws)."""
     loop = LoopSettings(steps=60, prompts_per_step=32, prompts_per_round=48, max_rounds=3,
                         on_max_rounds="train_on_partial", seed=seed)
-    pool = [f"q{i:04d}" for i in range(700)]
+    pool = [f"q{i:04d}" for i in range(585)]
     rates = beta_solve_rates(pool, a=1.2, b=1.5, seed=seed)
     plans, _ = simulate(loop, rates, 8)
     check_invariants(plans, loop, pool)
