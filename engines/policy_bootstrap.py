@@ -86,19 +86,15 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
 
 
 def _shard_examples(
-    train_paths: list[str], test_paths: list[str], eval_problems: int, direct_answer_fraction: float = 0.0
+    train_paths: list[str], test_paths: list[str], eval_problems: int
 ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, warm-up target) pairs from train Problem shards, (prompt, answer) from test ones.
-
-    The target is the worked solution, or for about ``direct_answer_fraction`` of the problems the
-    direct answer (engines/tiny_warmup.py: warmup_target).
+    """(prompt, worked solution) pairs from train Problem shards, (prompt, answer) from test ones.
 
     Only synthetic chains have a worked solution; other rows cannot be warmed up on and are
     skipped. No usable row at all is an error naming the files.
     """
     import schemas
-    from engines.tiny_warmup import warmup_target
-    from readers.synthetic import parse_terms
+    from readers.synthetic import parse_terms, worked_solution
 
     def usable(paths: list[str]) -> list[dict[str, Any]]:
         rows = []
@@ -115,7 +111,7 @@ def _shard_examples(
         raise BootstrapError(f"no synthetic arithmetic problems to warm up on in train shards {train_paths}")
     if not test_rows:
         raise BootstrapError(f"no synthetic arithmetic problems to check accuracy on in test shards {test_paths}")
-    train = [(r["prompt"], warmup_target(r["problem"], direct_answer_fraction)) for r in train_rows]
+    train = [(r["prompt"], worked_solution(r["problem"])) for r in train_rows]
     heldout = [(r["prompt"], int(r["answer"])) for r in test_rows[:eval_problems]]
     return train, heldout
 
@@ -126,7 +122,7 @@ def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]],
     difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
     train_problems = draw_problems(random.Random(config.seed), config.synthetic_train_problems, split="train", **difficulty)
     test_problems = draw_problems(random.Random(config.seed + 1), config.eval_problems, split="test", **difficulty)
-    train, _ = synthetic_examples(train_problems, config.direct_answer_fraction)
+    train, _ = synthetic_examples(train_problems)
     _, heldout = synthetic_examples(test_problems)
     return train, heldout
 
@@ -152,11 +148,10 @@ def _published_from(out_dir: Path, lineage: dict[str, Any]) -> bool:
 def _warm_up_examples(
     config: BootstrapConfig, train_paths: list[str] | None, test_paths: list[str] | None
 ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, warm-up target) training pairs and (prompt, answer) held-out pairs: from the
+    """(prompt, worked solution) training pairs and (prompt, answer) held-out pairs: from the
     Problem shards when given, else drawn synthetic problems."""
     if train_paths:
-        return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems,
-                               config.direct_answer_fraction)
+        return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
     return _synthetic_examples(config)
 
 

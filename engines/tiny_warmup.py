@@ -1,9 +1,5 @@
 """The tiny policy's supervised warm-up: worked solutions of synthetic problems, stopped in a band.
 
-Optionally a fraction of the problems is taught with the direct answer ("Answer: N", no working)
-instead (:func:`warmup_target`), so the step-0 policy sometimes works a problem out and sometimes
-answers at once; what RL then learns includes choosing to work it out (configs/tiny-cpu.yaml).
-
 The warm-up teaches the worked-solution format on the train split and stops early, inside a band
 of greedy accuracy on held-out problems (default 20-50 %), so that RL has room to improve (a
 warm-up to ~94 % leaves DAPO nothing to learn; dynamic sampling, paper sec. 3.2, then discards
@@ -25,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from engines import work_progress
 from engines.tiny_policy import render_prompt
-from readers.synthetic import direct_answer, make_problem, worked_solution
+from readers.synthetic import make_problem, worked_solution
 
 _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)\s*$")
 
@@ -140,38 +136,11 @@ class WarmupResult:
     seconds: float
 
 
-def takes_direct_answer(problem_text: str, direct_answer_fraction: float) -> bool:
-    """Whether the warm-up teaches ``problem_text`` with its direct answer instead of its working.
-
-    Fixed by a hash of the text (salted apart from :func:`synthetic_split`'s), so a problem gets the
-    same target whatever the order or number of problems; about ``direct_answer_fraction`` of all
-    problems get the direct answer (0 = none, 1 = all).
-    """
-    if not 0.0 <= direct_answer_fraction <= 1.0:
-        raise ValueError(f"direct_answer_fraction must be in [0, 1], got {direct_answer_fraction}")
-    bucket = int(hashlib.sha256(f"warm-up target|{problem_text}".encode()).hexdigest()[:8], 16) / 16**8
-    return bucket < direct_answer_fraction
-
-
-def warmup_target(problem_text: str, direct_answer_fraction: float = 0.0) -> str:
-    """The warm-up's response for a problem: its worked solution, or (for about
-    ``direct_answer_fraction`` of problems, :func:`takes_direct_answer`) the answer line alone.
-
-    A mixture makes a step-0 policy that sometimes works a problem out (longer, usually right) and
-    sometimes answers at once (short, usually wrong on multi-term chains): RL can then raise
-    accuracy by choosing to work problems out, and the response length grows as it does.
-    """
-    if takes_direct_answer(problem_text, direct_answer_fraction):
-        return direct_answer(problem_text)
-    return worked_solution(problem_text)
-
-
 def synthetic_examples(
-    problems: list[tuple[str, int]], direct_answer_fraction: float = 0.0
+    problems: list[tuple[str, int]],
 ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, warm-up target) training pairs and (prompt, answer) eval pairs for problems; the
-    target is the worked solution, or the direct answer for about ``direct_answer_fraction`` of them."""
-    pairs = [(render_prompt(text), warmup_target(text, direct_answer_fraction)) for text, _ in problems]
+    """(prompt, worked solution) training pairs and (prompt, answer) eval pairs for problems."""
+    pairs = [(render_prompt(text), worked_solution(text)) for text, _ in problems]
     return pairs, [(render_prompt(text), answer) for text, answer in problems]
 
 

@@ -5,8 +5,6 @@ signed integer terms ("37+5-18"); its worked solution adds the terms one at a ti
 partial result, then ends with the DAPO answer line ("Answer: 24"). The number of terms sets both
 the difficulty and the length of the worked solution, so a tight response-length cap really
 truncates the long ones (what overlong filtering and soft punishment act on, paper sec. 3.4).
-Its direct answer is the answer line alone ("Answer: 24"): no working, so for a chain of three or
-more terms a guess the tiny model rarely gets right.
 """
 
 from __future__ import annotations
@@ -59,8 +57,3 @@ def worked_solution(problem_text: str) -> str:
         total = new_total
     lines.append(f"Answer: {total}")
     return "\n".join(lines)
-
-
-def direct_answer(problem_text: str) -> str:
-    """The response with no working: only the DAPO answer line. ``"37+5-18"`` -> ``"Answer: 24"``."""
-    return f"Answer: {sum(parse_terms(problem_text))}"

@@ -25,10 +25,6 @@ class BootstrapConfig:
     target_accuracy_low: float = 0.2  # warm-up stops at the first check with accuracy in [low, high]
     target_accuracy_high: float = 0.5
     require_band: bool = True  # fail (instead of publishing) when max_steps ends outside the band
-    # Warm-up targets: this fraction of the problems (chosen by a hash of the text) is taught with
-    # the direct answer "Answer: N" instead of the worked solution, so the step-0 policy sometimes
-    # answers at once (engines/tiny_warmup.py: warmup_target). 0 = worked solutions only.
-    direct_answer_fraction: float = 0.0
     # Synthetic problems used only when no Problem shards are given (standalone `dapo bootstrap`);
     # the pipeline's curate stage should use the same difficulty (synthetic:min_terms=..,...).
     min_terms: int = 2
@@ -51,7 +47,6 @@ class BootstrapConfig:
             "target_accuracy_low": (0 <= self.target_accuracy_low <= 1, "must be in [0, 1]"),
             "target_accuracy_high": (self.target_accuracy_low <= self.target_accuracy_high <= 1,
                                      f"must be in [target_accuracy_low={self.target_accuracy_low}, 1]"),
-            "direct_answer_fraction": (0 <= self.direct_answer_fraction <= 1, "must be in [0, 1]"),
             "min_terms": (self.min_terms >= 1, "must be >= 1"),
             "max_terms": (self.max_terms >= self.min_terms, f"must be >= min_terms={self.min_terms}"),
             "max_operand": (self.max_operand >= 1, "must be >= 1"),

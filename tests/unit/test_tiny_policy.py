@@ -110,29 +110,3 @@ def test_warm_up_reduces_loss_and_stops_in_band() -> None:
     with pytest.raises(ValueError, match="low <= high"):
         tiny_warmup.warm_up(model, tok, train, heldout, seed=0, batch_size=4, learning_rate=1e-3, max_steps=1,
                             eval_every_steps=1, max_new_tokens=4, target_accuracy_low=0.6, target_accuracy_high=0.5)
-
-
-def test_direct_answer_is_the_answer_line_alone() -> None:
-    from readers.synthetic import direct_answer, worked_solution
-
-    assert direct_answer("37+5-18") == "Answer: 24"
-    assert direct_answer("3-10") == "Answer: -7"
-    # The worked solution ends with the same line: the two targets agree on the answer.
-    assert worked_solution("37+5-18").endswith("\n" + direct_answer("37+5-18"))
-
-
-def test_warmup_target_mixes_direct_answers_by_problem() -> None:
-    texts = [f"{a}+{b}-{c}" for a in range(1, 11) for b in range(1, 11) for c in range(1, 11)]  # 1,000 problems
-    assert all(tiny_warmup.warmup_target(t, 0.0) == tiny_warmup.worked_solution(t) for t in texts)
-    assert all(tiny_warmup.warmup_target(t, 1.0) == tiny_warmup.direct_answer(t) for t in texts)
-    direct = [t for t in texts if tiny_warmup.takes_direct_answer(t, 0.6)]
-    # About 60% of the problems (binomial sd ~1.5 points on 1,000), fixed per problem, and nested:
-    # a problem direct at 0.3 is direct at 0.6.
-    assert 0.55 < len(direct) / len(texts) < 0.65
-    assert direct == [t for t in texts if tiny_warmup.takes_direct_answer(t, 0.6)]
-    assert set(t for t in texts if tiny_warmup.takes_direct_answer(t, 0.3)) <= set(direct)
-    pairs, heldout = tiny_warmup.synthetic_examples([("12+3-4", 11), ("1+1-1", 1)], direct_answer_fraction=1.0)
-    assert pairs == [("12+3-4=\n", "Answer: 11"), ("1+1-1=\n", "Answer: 1")]
-    assert heldout == [("12+3-4=\n", 11), ("1+1-1=\n", 1)]
-    with pytest.raises(ValueError, match="direct_answer_fraction"):
-        tiny_warmup.takes_direct_answer("1+2", 1.5)
