@@ -96,8 +96,13 @@ ROW_RULE_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def rule_passes(rule: str, table: pa.Table) -> bool:
+    """Whether every row of ``table`` keeps row rule ``rule`` (nulls count as fine)."""
+    return bool(pc.all(pc.fill_null(ROW_RULES[rule](table), True)).as_py() is not False)
+
+
 def _passes(rule: str, data: PyArrowData) -> bool:
-    return bool(pc.all(pc.fill_null(ROW_RULES[rule](data.table), True)).as_py() is not False)
+    return rule_passes(rule, data.table)
 
 
 # ----------------------------------------------------------------------------- models

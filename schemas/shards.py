@@ -8,9 +8,11 @@ checked at the stage boundary. Validation is a pure function of a file's bytes a
 it runs once per content in a process: bytes this process wrote or already validated as a model
 (or that the process that launched it vouched for: ``trust_validated``, by sha256) are read
 back with the Parquet and Arrow-schema checks only. The driver runs every task in-process, so a
-shard is validated where it is written and not again by each stage that reads it. Every failure
-is a ``ShardValidationError`` naming the file, the column and the first offending rows with
-their values.
+shard is validated where it is written and not again by each stage that reads it. A validation
+runs the model's checks as whole-column pyarrow kernels first (schemas/fast_checks.py, compiled
+from the pandera model); pandera runs only on a table they do not pass. Every failure is a
+``ShardValidationError`` naming the file, the column and the first offending rows with their
+values.
 
 Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
 flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
@@ -34,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from schemas import fast_checks
 from schemas.disk_space import writing
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
@@ -203,7 +206,14 @@ def _locate(table: pa.Table, model: type, column: str, check: str, cases: list[A
 
 
 def validate_table(table: pa.Table, model: type, where: str = "<table>") -> pa.Table:
-    """Validate ``table`` against ``model`` (all checks, lazily); raise ShardValidationError."""
+    """Validate ``table`` against ``model`` (all checks, lazily); raise ShardValidationError.
+
+    The model's checks run first as whole-column pyarrow kernels (schemas/fast_checks.py, ~1 ms);
+    only a table they do not pass (invalid, or not decided there) goes through pandera, which
+    decides and whose failure cases name the columns and rows.
+    """
+    if fast_checks.passes(table, model):
+        return table
     try:
         model.validate(table, lazy=True)
     except pandera.errors.SchemaErrors as err:
