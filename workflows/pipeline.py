@@ -165,7 +165,7 @@ def call_interruptibly(call: Callable[[], T]) -> T:
     def target() -> None:
         try:
             outcome["value"] = context.run(call)
-        except BaseException as err:  # handed to the main thread, which re-raises it
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which re-raises it
             outcome["error"] = err
         finally:
             finished.set()
