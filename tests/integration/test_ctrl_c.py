@@ -6,7 +6,8 @@ where a loaded machine sometimes put it (tests/e2e/test_interrupt.py sends it th
 does, at one moment of a real run):
 
 - on a task thread of a running Flyte driver (``signal.pthread_kill`` from inside the task), while
-  the task goes on for minutes: the driver must still stop within seconds, exit 130 and say so.
+  the task goes on for minutes: the driver must still stop within seconds, exit 130 and say so;
+- while ``dapo run`` imports its modules (before any stage): exit 130 and one line, no traceback.
 """
 
 from __future__ import annotations
@@ -80,3 +81,43 @@ def test_ctrl_c_caught_on_a_task_thread_stops_the_driver_at_once(tmp_path: Path)
     assert stop_s < 30, f"took {stop_s:.1f} s to stop"
     assert "ran to the end" not in out
     assert err.strip().splitlines()[-1] == "dapo probe: interrupted during the probe task", err[-3000:]
+
+
+def _sigint_caught(pid: int) -> bool:
+    """True once the process's Python installed its SIGINT handler (bit 2 of SigCgt)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def _importing_the_pipeline(pid: int) -> bool:
+    """True once `dapo run` loads the pipeline's libraries (pydantic's core, through flyte): the CLI's main() runs."""
+    try:
+        return "_pydantic_core" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_ctrl_c_while_dapo_run_starts_exits_130_with_one_line(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "workflows.cli", "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
+            "--run-root", str(tmp_path), "--set", "run.name=starting"]
+    proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (_sigint_caught(proc.pid) and _importing_the_pipeline(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "dapo run never began importing"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dapo run: interrupted"), lines
