@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.processes import process_tree
 from engines.train_worker import (
     ack_path,
     error_prefix,
@@ -203,23 +204,6 @@ class WorkerGroup:
             self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (Linux /proc; just ``[pid]`` elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
 
 
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
