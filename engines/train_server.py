@@ -264,9 +264,12 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
 
     Returns (group, started_now). A group with another key is stopped first. A group that died
     while idle is forgotten and ``GroupUnavailable`` raised: the caller runs this step cold (with
-    a warning) and the next step starts a new group.
+    a warning) and the next step starts a new group. After Ctrl-C (:func:`stop_now`) it raises
+    ``GroupUnavailable`` and starts nothing; the caller then reports the step interrupted.
     """
     global _active
+    if stopping():
+        raise GroupUnavailable("interrupted (Ctrl-C): no worker group starts or runs after it")
     group = _active
     if group is not None and group.owner_pid != os.getpid():
         group = _active = None  # inherited through fork: not ours
@@ -279,6 +282,9 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
         group = None
     if group is None:
         group = _active = start_group(key=key, num_processes=num_processes, engine_spec=engine_spec, env=env)
+        if stopping():  # Ctrl-C while it started: stop_now may have looked before it was recorded
+            discard(group)
+            raise GroupUnavailable("interrupted (Ctrl-C) while the worker group started")
         return group, True
     return group, False
 
