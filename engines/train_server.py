@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.processes import process_tree
 from engines.train_worker import (
     ack_path,
     error_prefix,
@@ -205,23 +206,6 @@ class WorkerGroup:
             pass
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (Linux /proc; just ``[pid]`` elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
-
-
 def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL a torchrun launch and its ranks, then reap it.
 
@@ -280,9 +264,12 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
 
     Returns (group, started_now). A group with another key is stopped first. A group that died
     while idle is forgotten and ``GroupUnavailable`` raised: the caller runs this step cold (with
-    a warning) and the next step starts a new group.
+    a warning) and the next step starts a new group. After Ctrl-C (:func:`stop_now`) it raises
+    ``GroupUnavailable`` and starts nothing; the caller then reports the step interrupted.
     """
     global _active
+    if stopping():
+        raise GroupUnavailable("interrupted (Ctrl-C): no worker group starts or runs after it")
     group = _active
     if group is not None and group.owner_pid != os.getpid():
         group = _active = None  # inherited through fork: not ours
@@ -295,6 +282,9 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
         group = None
     if group is None:
         group = _active = start_group(key=key, num_processes=num_processes, engine_spec=engine_spec, env=env)
+        if stopping():  # Ctrl-C while it started: stop_now may have looked before it was recorded
+            discard(group)
+            raise GroupUnavailable("interrupted (Ctrl-C) while the worker group started")
         return group, True
     return group, False
 

@@ -74,6 +74,24 @@ def disk_full_line(err: BaseException) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run_command(argv)
+    except KeyboardInterrupt:
+        return ctrl_c_exit_code(argv)
+
+
+def ctrl_c_exit_code(argv: Sequence[str]) -> int:
+    """A Ctrl-C that no subcommand turned into its own line (e.g. one while the subcommand's modules
+    import, before it began): one line on stderr instead of a page of import-machinery traceback,
+    and 130, the code a shell reports for Ctrl-C. The interpreter then exits normally, so any
+    worker a subcommand started is stopped by its atexit hook."""
+    command = next((a for a in argv if a in SUBCOMMANDS), None)
+    print(f"\ndapo{f' {command}' if command else ''}: interrupted (Ctrl-C)", file=sys.stderr)
+    return 130
+
+
+def _run_command(argv: list[str]) -> int:
+    """Parse ``argv`` and run its subcommand; returns the exit code (user errors: one line, 2)."""
     args = build_parser(argv).parse_args(argv)
     module = _module_for(args.command)
     if module is None:

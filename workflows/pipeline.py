@@ -17,13 +17,15 @@ puts the loop back into exactly the same state (problem cursor, surplus groups).
 from __future__ import annotations
 
 import argparse
+import contextvars
 import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import flyte
 
@@ -36,6 +38,10 @@ from workflows.run_output import log_file, run_output
 from workflows.run_records import close_open_actions
 
 DEFAULT_RUN_ROOT = "runs"
+T = TypeVar("T")
+
+# How often the main thread looks for a Ctrl-C while a driver runs (see ``call_interruptibly``).
+INTERRUPT_POLL_S = 0.1
 
 
 def _flyte_config(layout: RunLayout) -> Path:
@@ -124,15 +130,52 @@ def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[]
     close_open_actions(layout, "abandoned: the driver of this folder stopped (killed) before the action finished")
     try:
         init_flyte_for_run(layout)
-        run = flyte.with_runcontext(mode="local").run(task, **inputs)
-        run.wait()
-        outputs = run.outputs()
+        outputs = call_interruptibly(lambda: _run_local(task, inputs))
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
         stop_workers()
         close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
         raise RunInterrupted(interrupted()) from None
     return outputs[0] if isinstance(outputs, tuple) else outputs
+
+
+def _run_local(task: Any, inputs: dict[str, Any]) -> Any:
+    """Run ``task`` through local Flyte to its end; returns its outputs."""
+    run = flyte.with_runcontext(mode="local").run(task, **inputs)
+    run.wait()
+    return run.outputs()
+
+
+def call_interruptibly(call: Callable[[], T]) -> T:
+    """``call()`` on a helper thread while the main thread waits in short slices; returns its result.
+
+    Why: CPython runs signal handlers on the main thread only, but the kernel may hand a
+    terminal's SIGINT to any thread of the process that does not block it, and a driver has
+    dozens (Flyte's event loops and task threads, gloo, OpenMP, tensorboard). Caught on another
+    thread, the signal only sets a flag; a main thread parked in an untimed lock wait (Flyte's
+    synchronous ``run`` waits for the whole run that way) would not look at it until the run ended,
+    so the run went on, published its steps and only then exited. Waking every
+    ``INTERRUPT_POLL_S`` lets the main thread raise ``KeyboardInterrupt`` within that time
+    wherever the signal landed. The call runs in a copy of the caller's context (contextvars).
+    """
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+    context = contextvars.copy_context()
+
+    def target() -> None:
+        try:
+            outcome["value"] = context.run(call)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which re-raises it
+            outcome["error"] = err
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name="dapo-driver", daemon=True).start()
+    while not finished.wait(INTERRUPT_POLL_S):
+        pass
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def exit_interrupted(command: str, err: RunInterrupted) -> NoReturn:

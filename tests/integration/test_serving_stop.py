@@ -1,0 +1,112 @@
+"""How `dapo serve` stops its server (engines/serving.py), with stand-in servers instead of vLLM.
+
+A stand-in is a Python child that starts a grandchild (as vLLM's API server starts its engine
+core) and either stops on SIGINT or ignores it (a server that hangs while stopping). The stop
+must be prompt and leave no process behind, and a Ctrl-C must be honoured even when the kernel
+hands it to a thread other than the main one (CPython then only sets a flag).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engines import serving
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The stand-in server: prints its grandchild's pid, then waits; both ignore SIGINT if asked to.
+_SERVER = """
+import signal, subprocess, sys, time
+stubborn = sys.argv[1] == "stubborn"
+child = ("import signal, time\\n" + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\\n" if stubborn else "")
+         + "time.sleep(600)")
+core = subprocess.Popen([sys.executable, "-c", child])
+if stubborn:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+print(core.pid, flush=True)
+try:
+    time.sleep(600)
+except KeyboardInterrupt:
+    core.terminate()
+    core.wait()
+"""
+
+
+def _start(kind: str) -> tuple[subprocess.Popen[bytes], int]:
+    """A stand-in server and its grandchild's pid."""
+    process = subprocess.Popen([sys.executable, "-c", _SERVER, kind], stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    return process, int(process.stdout.readline())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_a_server_that_ignores_sigint_is_killed_with_its_children_after_the_grace() -> None:
+    process, core = _start("stubborn")
+    started = time.monotonic()
+    try:
+        assert serving.stop_server(process, timeout_s=1.0) == -signal.SIGKILL
+        took = time.monotonic() - started
+        deadline = time.monotonic() + 5
+        while _alive(core) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(core), "the server's child outlived the stop (orphaned)"
+        assert took < 10, f"stop took {took:.1f} s"
+    finally:
+        for pid in (process.pid, core):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_a_server_that_stops_on_sigint_exits_cleanly_with_its_children() -> None:
+    process, core = _start("polite")
+    try:
+        assert serving.stop_server(process, timeout_s=30.0) == 0  # its KeyboardInterrupt handler returns: exit 0
+        assert not _alive(core)
+    finally:
+        for pid in (process.pid, core):
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        process.wait()
+
+
+# serve_until_stopped in a process whose Ctrl-C is caught by a thread other than the main one.
+_SERVING = """
+import signal, subprocess, sys, threading, time
+from engines import serving
+server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(server.pid, flush=True)
+
+def ctrl_c_on_this_thread():
+    time.sleep(0.5)  # the main thread is waiting for the server by now
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+threading.Thread(target=ctrl_c_on_this_thread).start()
+sys.exit(serving.serve_until_stopped(server))
+"""
+
+
+def test_ctrl_c_caught_on_another_thread_still_stops_the_server() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", _SERVING], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        server = int(proc.stdout.readline())
+        assert proc.wait(timeout=60) == 0  # before the fix: waited for the server forever
+        assert not _alive(server)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
