@@ -8,8 +8,9 @@ an output made again). Long loops inside engines (generation, the tiny warm-up) 
 
 - ``LiveProgress``: one rich display redrawn in place on a terminal (stage, step i/N, the last
   step's reward, accuracy and entropy, elapsed time and ETA, a bar for the work under way);
-  finished steps and evaluations are printed above it as lines that stay.
-- ``PlainProgress``: the same lines, one per stage, step and evaluation, no redraws (pipes, CI,
+  finished evaluations and steps are printed above it as lines that stay (at most about
+  ``MAX_STEP_LINES`` step lines, so a long run's screen keeps its start and its summary).
+- ``PlainProgress``: every line, one per stage, step and evaluation, no redraws (pipes, CI,
   tests, ``--verbose``). It is also the default when no CLI chose (a cluster, tests that call the
   driver), printing to whatever ``sys.stdout`` is then.
 """
@@ -85,6 +86,18 @@ def step_line(report: StepReport) -> str:
     r = report
     return (f"[step {r.step}/{r.steps}] rounds={r.rounds} groups={r.groups} ({r.outcome}) samples={r.samples} "
             f"acc={fmt3(r.accuracy)} reward={fmt3(r.reward)} entropy={fmt3(r.entropy)} ({r.seconds:.1f} s)")
+
+
+# A terminal keeps at most about this many step lines (the live display always shows the latest
+# step): a 60-step run would otherwise scroll its first lines and the step-0 evaluation away.
+MAX_STEP_LINES = 20
+
+
+def keeps_step_line(report: StepReport) -> bool:
+    """Whether a terminal keeps ``report``'s line: every ``ceil(steps / MAX_STEP_LINES)``-th step,
+    the last one, and any step that did not train a full batch (partial or skipped: worth seeing)."""
+    every = max(1, math.ceil(report.steps / MAX_STEP_LINES))
+    return report.step % every == 0 or report.step >= report.steps or report.outcome != "full"
 
 
 def eval_line(step: int, summary: dict[str, Any]) -> str:
@@ -199,7 +212,8 @@ class LiveProgress:
         with self._lock:
             self._done, self._steps, self._last = report.step, report.steps, report
             self._eta, self._eta_at = eta, self._timing.clock()
-        self._print(f"{step_line(report)}  elapsed {format_duration(elapsed)}")
+        if keeps_step_line(report):
+            self._print(f"{step_line(report)}  elapsed {format_duration(elapsed)}")
 
     def eval_done(self, step: int, summary: dict[str, Any]) -> None:
         self._eval = (step, summary)

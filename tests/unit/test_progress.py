@@ -92,3 +92,30 @@ def test_live_display_shows_stage_step_metrics_timing_and_the_work_bar() -> None
     with console.capture() as capture:
         console.print(display.__rich__())
     assert "generation" not in capture.get()
+
+
+def test_a_terminal_keeps_about_twenty_step_lines_of_a_long_run_and_every_unusual_step() -> None:
+    from rich.console import Console
+
+    from workflows.progress import MAX_STEP_LINES, LiveProgress
+
+    console = Console(file=io.StringIO(), width=200, color_system=None)
+    display = LiveProgress(console, clock=lambda: 0.0)
+    display.begin("tiny-cpu", 60)
+    for step in range(1, 61):
+        display.step_done(_step(step, 5.0, steps=60, outcome="skipped" if step == 7 else "full"))
+    kept = [int(line.split("/")[0].removeprefix("[step ")) for line in console.file.getvalue().splitlines()]
+    # every 3rd step (ceil(60 / 20)), the last, and the skipped step 7
+    assert kept == sorted({*range(3, 61, 3), 7, 60})
+    assert len(kept) <= MAX_STEP_LINES + 1
+    # a short run keeps every step, and pipes (PlainProgress) keep every step of any run
+    short = Console(file=io.StringIO(), width=200, color_system=None)
+    display = LiveProgress(short, clock=lambda: 0.0)
+    for step in range(1, 5):
+        display.step_done(_step(step, 5.0))
+    assert len(short.file.getvalue().splitlines()) == 4
+    out = io.StringIO()
+    plain = PlainProgress(out, clock=lambda: 0.0)
+    for step in range(1, 61):
+        plain.step_done(_step(step, 5.0, steps=60))
+    assert len(out.getvalue().splitlines()) == 60
