@@ -1,12 +1,19 @@
-"""Shared fixtures: a local S3 server for the object-store run-store tests."""
+"""Shared process state and fixtures: denormals flushed, a local S3 server for the object-store tests."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from tests import s3_server
+
+# The product flushes denormals in every process that runs a model (engines/vllm_engine.py,
+# engines/train_dist.py, ...), and that FPU state is global to the process. Set it once here so
+# every test runs in the same state whatever ran before it: hypothesis cannot draw subnormal
+# floats then, so float strategies say allow_subnormal=False (a partial run fails as the full one).
+torch.set_flush_denormal(True)
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,6 @@ from engines.train_launch import train_step
 from engines.train_publish import METRICS_FILE, TrainStepError
 from settings.train import TrainConfig  # noqa: E402
 
-torch.set_flush_denormal(True)
 
 PARENT_STEP = 3
 CONFIG = TrainConfig(num_processes=1, micro_batch_samples=8, updates_per_step=2, lr=3e-3, warmup_steps=0,

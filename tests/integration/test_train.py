@@ -47,7 +47,6 @@ from engines.train_spec import DS_STATE_DIR  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 from storage import checkpoints
 
-torch.set_flush_denormal(True)
 
 # A warm-up of 4 updates and tight clipping so the LR schedule and clipping both matter.
 CONFIG = TrainConfig(
