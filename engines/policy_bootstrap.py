@@ -1,15 +1,25 @@
 """The step-0 policy checkpoint, built offline or imported from a local folder.
 
-Two sources:
-- ``tiny`` (the default): build the character tokenizer and a small random Qwen2 model, then a
-  short supervised warm-up on the worked solutions of the train split's synthetic problems,
-  stopped when greedy accuracy on held-out (test split) problems enters a band (default
-  20-50 %), so that RL has room to improve (engines/tiny_policy.py, engines/tiny_warmup.py).
+Three sources:
+- ``tiny``: build the character tokenizer and a small random Qwen2 model, then a short
+  supervised warm-up on the worked solutions of the train split's synthetic problems, stopped
+  when greedy accuracy on held-out (test split) problems enters a band (default 20-50 %), so
+  that RL has room to improve (engines/tiny_policy.py, engines/tiny_warmup.py). Its lineage
+  lists the problems it was warmed up on (``warmup_problem_ids``).
+- ``shipped:NAME``: a step-0 policy shipped with the repository (``assets/policies/NAME``), made
+  once by the ``tiny`` warm-up and imported as is. Its weights are the same on every machine,
+  where a warm-up's are not (CPU numerics differ between processor models, and the warm-up's
+  stopping step with them), so the default run starts from the same policy everywhere, as a
+  real DAPO run starts from a published base model.
 - a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): copied,
-  or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added.
+  or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added; a
+  folder that is itself a published checkpoint (a shipped policy) keeps its lineage under
+  ``source_checkpoint``.
 
 Either way the result is a published checkpoint (storage/checkpoints.py): built in a staging
-folder and renamed into place, with its lineage (config, input shards, warm-up history)."""
+folder and renamed into place, with its lineage (config, input shards, warm-up history).
+:func:`warmup_problem_ids` reads back which problems a step-0 policy was warmed up on, so the
+driver can refuse a held-out set the policy has already seen."""
 
 from __future__ import annotations
 
@@ -37,6 +47,43 @@ class BootstrapError(RuntimeError):
 
 
 _REQUIRED_IMPORT_FILES = ("config.json",)
+SHIPPED_PREFIX = "shipped:"
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "assets" / "policies"
+
+
+def resolve_source(source: str) -> str:
+    """``bootstrap.source`` as the builder reads it: ``tiny``, or a folder (path or object-store URI).
+
+    ``shipped:NAME`` names ``assets/policies/NAME`` of this checkout; an unknown name is an error
+    listing the shipped ones.
+    """
+    if not source.startswith(SHIPPED_PREFIX):
+        return source
+    name = source[len(SHIPPED_PREFIX):]
+    folder = SHIPPED_DIR / name
+    if not name or "/" in name or not (folder / checkpoints.METADATA_FILE).is_file():
+        shipped = sorted(p.name for p in SHIPPED_DIR.iterdir() if (p / checkpoints.METADATA_FILE).is_file()) \
+            if SHIPPED_DIR.is_dir() else []
+        raise BootstrapError(f"bootstrap.source={source!r}: no shipped policy {name!r} in {SHIPPED_DIR} "
+                             f"(shipped: {', '.join(SHIPPED_PREFIX + n for n in shipped) or 'none'})")
+    return str(folder)
+
+
+def source_folders(source: str) -> list[str]:
+    """The local folder a source is imported from (for the bootstrap call's cache key), or none."""
+    resolved = resolve_source(source)
+    return [] if resolved == "tiny" or run_store.is_remote(resolved) else [resolved]
+
+
+def warmup_problem_ids(checkpoint_dir: str | Path) -> set[str] | None:
+    """The problem ids a step-0 checkpoint was warmed up on, from its lineage (its own, or that of
+    the published checkpoint it was imported from); None when it records none (an imported model
+    of unknown training data)."""
+    info = checkpoints.read_info(checkpoint_dir)
+    for inputs in (info.inputs, info.inputs.get("source_checkpoint", {}).get("inputs", {})):
+        if "warmup_problem_ids" in inputs:
+            return set(inputs["warmup_problem_ids"])
+    return None
 
 
 def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: bool = False) -> Path:
@@ -72,12 +119,17 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
                 shutil.copytree(path, target)
             else:
                 shutil.copy2(path, target)
+        inputs: dict[str, Any] = {"source": str(source_dir), "linked": link}
+        if checkpoints.is_complete(source_dir):  # a published checkpoint (a shipped policy): keep its lineage
+            origin = checkpoints.read_info(source_dir)
+            inputs["source_checkpoint"] = {"checkpoint_id": origin.checkpoint_id, "produced_by": origin.produced_by,
+                                           "inputs": origin.inputs}
         info = checkpoints.CheckpointInfo(
             checkpoint_id=checkpoints.make_checkpoint_id("import", 0, staging),
             step=0,
             parent_checkpoint_id=None,
             produced_by="import",
-            inputs={"source": str(source_dir), "linked": link},
+            inputs=inputs,
         )
         return checkpoints.publish(staging, out_dir, info)
     finally:
@@ -87,8 +139,9 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
 
 def _shard_examples(
     train_paths: list[str], test_paths: list[str], eval_problems: int
-) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, worked solution) pairs from train Problem shards, (prompt, answer) from test ones.
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list[str]]:
+    """(prompt, worked solution) pairs from train Problem shards, (prompt, answer) from test ones,
+    and the problem ids of the train pairs.
 
     Only synthetic chains have a worked solution; other rows cannot be warmed up on and are
     skipped. No usable row at all is an error naming the files.
@@ -113,10 +166,11 @@ def _shard_examples(
         raise BootstrapError(f"no synthetic arithmetic problems to check accuracy on in test shards {test_paths}")
     train = [(r["prompt"], worked_solution(r["problem"])) for r in train_rows]
     heldout = [(r["prompt"], int(r["answer"])) for r in test_rows[:eval_problems]]
-    return train, heldout
+    return train, heldout, [r["problem_id"] for r in train_rows]
 
 
-def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list[str]]:
+    from dapo_core.answers import problem_id
     from engines.tiny_warmup import draw_problems, synthetic_examples
 
     difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
@@ -124,7 +178,7 @@ def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]],
     test_problems = draw_problems(random.Random(config.seed + 1), config.eval_problems, split="test", **difficulty)
     train, _ = synthetic_examples(train_problems)
     _, heldout = synthetic_examples(test_problems)
-    return train, heldout
+    return train, heldout, [problem_id(text) for text, _ in train_problems]
 
 
 def _tiny_lineage(config: BootstrapConfig, train_paths: list[str] | None, test_paths: list[str] | None) -> dict[str, Any]:
@@ -147,9 +201,9 @@ def _published_from(out_dir: Path, lineage: dict[str, Any]) -> bool:
 
 def _warm_up_examples(
     config: BootstrapConfig, train_paths: list[str] | None, test_paths: list[str] | None
-) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, worked solution) training pairs and (prompt, answer) held-out pairs: from the
-    Problem shards when given, else drawn synthetic problems."""
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list[str]]:
+    """(prompt, worked solution) training pairs, (prompt, answer) held-out pairs and the training
+    pairs' problem ids: from the Problem shards when given, else drawn synthetic problems."""
     if train_paths:
         return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
     return _synthetic_examples(config)
@@ -213,12 +267,13 @@ def build_tiny_policy(
         return out_dir
     torch.set_flush_denormal(True)  # 3-10x slower small models without it on this CPU
     torch.set_num_threads(cpu_threads(config.cpu_threads))
-    train, heldout = _warm_up_examples(config, train_paths, test_paths)
+    train, heldout, train_ids = _warm_up_examples(config, train_paths, test_paths)
     model, tokenizer, result = _warmed_up_model(config, train, heldout)
     _check_in_band(result, config)
     lineage["warmup"] = dataclasses.asdict(result)
     lineage["train_examples"] = len(train)
     lineage["heldout_problems"] = len(heldout)
+    lineage["warmup_problem_ids"] = sorted(set(train_ids))  # what warmup_problem_ids() reads back
     return tiny_policy.save_checkpoint(
         model, tokenizer, out_dir, step=0, produced_by="bootstrap", parent_checkpoint_id=None, inputs=lineage
     )
@@ -231,9 +286,10 @@ def bootstrap_policy(
     test_paths: list[str] | None = None,
 ) -> Path:
     """The step-0 checkpoint at ``out_dir``: the tiny warmed-up policy, or an imported folder."""
-    if config.source == "tiny":
+    source = resolve_source(config.source)
+    if source == "tiny":
         return build_tiny_policy(out_dir, config, train_paths, test_paths)
-    return import_local_model(config.source, out_dir, link=config.link_import)
+    return import_local_model(source, out_dir, link=config.link_import)
 
 
 # What a tokenizer and the context length are read from (the weights are not needed for that).
@@ -249,6 +305,7 @@ def policy_tokenizer_folder(source: str, scratch: Path) -> Path:
     the tiny model's context; a local HF folder is used as is; an object-store folder has only
     its tokenizer and config files fetched into ``scratch`` (not the weights).
     """
+    source = resolve_source(source)
     if source == "tiny":
         from engines import tiny_policy
 

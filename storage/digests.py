@@ -132,7 +132,9 @@ def upstream_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
     Passed to a task as an input, it puts its inputs' content into the cache key (which otherwise
     holds their paths only): an upstream stage that re-ran and wrote other content makes this one
     run again, and the same content keeps the cache hit. A path without a record (a user's data
-    file) contributes its own sha256 when it is a local file, else its name.
+    file, a model folder to import) contributes its own sha256 when it is a local file, its files'
+    names, sizes and modification times when it is a local folder (a rewritten file counts as
+    changed; the bytes are not read, so a 65 GB model adds no hashing), else its name.
     """
     digest = hashlib.sha256()
     for path in paths:
@@ -141,10 +143,21 @@ def upstream_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
             digest.update(run_store.read_text(rec).encode())
         elif not run_store.is_remote(path) and Path(path).is_file():
             digest.update(file_sha256(Path(path)).encode())
+        elif not run_store.is_remote(path) and Path(path).is_dir():
+            digest.update(folder_fingerprint(Path(path)).encode())
         else:
             digest.update(f"unrecorded:{path}".encode())
         digest.update(b"\0")
     return digest.hexdigest()[:16]
+
+
+def folder_fingerprint(folder: Path) -> str:
+    """sha256 over ``folder``'s files (relative path, size, modification time in ns), recursively."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def forget(path: str | os.PathLike[str]) -> None:

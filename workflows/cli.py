@@ -57,7 +57,8 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
 # Errors that mean "fix your config or input", raised before any long work; their messages name
 # the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
-USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationError", "RunFolderError"})
+USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationError", "RunFolderError", "HeldOutSeenError",
+                         "BootstrapError"})
 
 
 def disk_full_line(err: BaseException) -> str | None:

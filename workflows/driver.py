@@ -26,7 +26,7 @@ from flyte.io import Dir, File
 import schemas
 from dapo_core.intervals import paired_change
 from engines import threads
-from engines.policy_bootstrap import policy_tokenizer_folder
+from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, warmup_problem_ids
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
 from engines.train_publish import METRICS_FILE
@@ -199,9 +199,11 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     # context length are known from the bootstrap source without building the policy).
     with tempfile.TemporaryDirectory(prefix="dapo-tokenizer-") as scratch:
         _check_prompt_lengths(cfg, policy_tokenizer_folder(cfg.bootstrap.source, Path(scratch)), train_paths, test_paths)
-    progress.stage("the step-0 policy (bootstrap warm-up)")
+    source = cfg.bootstrap.source
+    progress.stage("the step-0 policy (" + ("bootstrap warm-up" if source == "tiny" else f"import of {source}") + ")")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
-                                     cfg.bootstrap, upstream=[layout.curate_dir])
+                                     cfg.bootstrap, upstream=[layout.curate_dir, *source_folders(cfg.bootstrap.source)])
+    check_heldout_unseen(checkpoint, test_paths)
     return {
         "checkpoint": checkpoint,
         "train_paths": train_paths,
@@ -210,6 +212,29 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
         "problems_test": curated.kept_by_split.get("test", 0),
         "eval0": await _evaluate(cfg, layout, checkpoint, test_paths, 0),
     }
+
+
+class HeldOutSeenError(RuntimeError):
+    """The step-0 policy was warmed up on problems of this run's held-out split."""
+
+
+def check_heldout_unseen(checkpoint: str, test_paths: list[str]) -> None:
+    """Refuse a step-0 policy whose warm-up saw any held-out problem of this run (its lineage lists
+    the problems it was warmed up on: engines/policy_bootstrap.py: warmup_problem_ids), before any
+    evaluation: held-out accuracy must measure what RL adds on unseen problems, not memory. A policy
+    that records no warm-up problems (an imported model) is not checked."""
+    seen = warmup_problem_ids(run_store.fetch(checkpoint))
+    if not seen:
+        return
+    heldout = schemas.read_shards(run_store.fetch_all(test_paths), schemas.Problem).select(["problem_id", "problem"]).to_pylist()
+    overlap = [row for row in heldout if row["problem_id"] in seen]
+    if overlap:
+        raise HeldOutSeenError(
+            f"the step-0 policy {checkpoint} was warmed up on {len(overlap)} of the {len(heldout)} held-out problems "
+            f"of this run (e.g. {overlap[0]['problem']!r}, problem_id {overlap[0]['problem_id']}): its held-out accuracy "
+            "would measure memory; curate a test split it has not seen (the same synthetic data and test_fraction "
+            "it was warmed up with), or warm up a new policy (bootstrap.source=tiny)"
+        )
 
 
 def _check_prompt_lengths(cfg: RunConfig, policy_folder: Path, train_paths: list[str], test_paths: list[str]) -> None:

@@ -67,6 +67,64 @@ def test_import_local_model_copy_and_link(tmp_path: Path) -> None:
     assert a.inputs["source"] == str(source.resolve())
 
 
+def test_the_warm_up_problems_are_recorded_and_survive_an_import(tmp_path: Path) -> None:
+    """A tiny policy lists the problems it was warmed up on; importing the published folder (as a
+    shipped policy is imported) keeps that lineage, so warmup_problem_ids reads it from either."""
+    train = _problem_shard(tmp_path / "train-00000.parquet", "train", 32, 0)
+    test = _problem_shard(tmp_path / "test-00000.parquet", "test", 8, 1)
+    config = bs.BootstrapConfig(**FAST, max_steps=20, target_accuracy_low=0.0, target_accuracy_high=1.0)
+    made = bs.bootstrap_policy(tmp_path / "made", config, [str(train)], [str(test)])
+    expected = set(schemas.read_shard(train, schemas.Problem).column("problem_id").to_pylist())
+    assert bs.warmup_problem_ids(made) == expected
+    imported = bs.bootstrap_policy(tmp_path / "imported", bs.BootstrapConfig(source=str(made)))
+    info = checkpoints.read_info(imported)
+    assert info.produced_by == "import"
+    assert info.inputs["source_checkpoint"]["checkpoint_id"] == checkpoints.read_info(made).checkpoint_id
+    assert bs.warmup_problem_ids(imported) == expected
+    plain = tiny_policy.build_random_checkpoint(tmp_path / "hf-model", seed=3)
+    (plain / checkpoints.METADATA_FILE).unlink()  # a model of unknown training data
+    assert bs.warmup_problem_ids(bs.bootstrap_policy(tmp_path / "plain", bs.BootstrapConfig(source=str(plain)))) is None
+
+
+def test_a_held_out_set_the_step0_policy_was_warmed_up_on_is_refused(tmp_path: Path) -> None:
+    from workflows.driver import HeldOutSeenError, check_heldout_unseen
+
+    train = _problem_shard(tmp_path / "train-00000.parquet", "train", 32, 0)
+    test = _problem_shard(tmp_path / "test-00000.parquet", "test", 8, 1)
+    config = bs.BootstrapConfig(**FAST, max_steps=20, target_accuracy_low=0.0, target_accuracy_high=1.0)
+    made = bs.bootstrap_policy(tmp_path / "made", config, [str(train)], [str(test)])
+    check_heldout_unseen(str(made), [str(test)])  # unseen: no error
+    first = schemas.read_shard(train, schemas.Problem).to_pylist()[0]
+    with pytest.raises(HeldOutSeenError, match=rf"warmed up on 32 of the 32 held-out problems.*{first['problem_id']}"):
+        check_heldout_unseen(str(made), [str(train)])
+
+
+def test_a_shipped_policy_is_named_and_an_unknown_name_lists_the_shipped_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shipped = tmp_path / "policies"
+    tiny_policy.build_random_checkpoint(shipped / "toy", seed=3)
+    monkeypatch.setattr(bs, "SHIPPED_DIR", shipped)
+    assert bs.resolve_source("shipped:toy") == str(shipped / "toy")
+    assert bs.resolve_source("tiny") == "tiny" and bs.resolve_source("/some/folder") == "/some/folder"
+    assert bs.source_folders("shipped:toy") == [str(shipped / "toy")] and bs.source_folders("tiny") == []
+    out = bs.bootstrap_policy(tmp_path / "ckpt", bs.BootstrapConfig(source="shipped:toy"))
+    assert checkpoints.read_info(out).inputs["source"] == str((shipped / "toy").resolve())
+    with pytest.raises(bs.BootstrapError, match=r"no shipped policy 'nope'.*shipped:toy"):
+        bs.resolve_source("shipped:nope")
+
+
+def test_the_repository_ships_the_default_configs_step0_policy() -> None:
+    """configs/tiny-cpu.yaml names a shipped policy: it must exist in the checkout and be complete."""
+    from workflows.config import load_config
+
+    source = load_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml").bootstrap.source
+    assert source.startswith(bs.SHIPPED_PREFIX)
+    folder = Path(bs.resolve_source(source))
+    info = checkpoints.read_info(folder)
+    assert info.step == 0 and bs.warmup_problem_ids(folder)
+    assert checkpoints.weights_digest(folder) == info.checkpoint_id.rsplit("-", 1)[1]
+
+
 def test_import_rejects_non_model_folder(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(bs.BootstrapError, match="config.json"):

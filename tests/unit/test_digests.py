@@ -235,6 +235,21 @@ def test_the_upstream_digest_follows_content_not_paths(root: str, tmp_path) -> N
     assert digests.upstream_digest([str(data), "synthetic:n=10"]) != first
 
 
+def test_a_model_folder_to_import_counts_by_its_files_not_its_name(tmp_path: Path) -> None:
+    """A local folder without a record (a model to import) changes the digest when a file in it is
+    rewritten or added; before, only its name counted and an edited model was served from cache."""
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights v1")
+    first = digests.upstream_digest([str(folder)])
+    assert digests.upstream_digest([str(folder)]) == first
+    (folder / "model.safetensors").write_bytes(b"weights v2")
+    second = digests.upstream_digest([str(folder)])
+    assert second != first
+    (folder / "sub" / "extra.json").write_text("{}")
+    assert digests.upstream_digest([str(folder)]) != second
+
+
 def test_every_stage_task_takes_the_upstream_digest_last() -> None:
     """call_verified appends the digest as the last argument: each stage task must accept it there."""
     import inspect

@@ -11,6 +11,8 @@ while step N trains), with every group's policy lag one step more.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -167,15 +169,23 @@ def test_a_pool_smaller_than_a_step_is_refused_before_any_generation() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
-def test_the_tiny_config_shape_over_three_epochs(seed: int) -> None:
-    """configs/tiny-cpu.yaml's loop over its 585-problem train split for its 60 steps (about 5 epochs of draws)."""
-    loop = LoopSettings(steps=60, prompts_per_step=32, prompts_per_round=48, max_rounds=3,
-                        on_max_rounds="train_on_partial", seed=seed)
-    pool = [f"q{i:04d}" for i in range(585)]
+def test_the_default_config_shape_over_its_epochs(seed: int) -> None:
+    """configs/tiny-cpu.yaml's loop (its run section) over its own curated train split, for all its steps."""
+    from engines.curation import curate_records
+    from readers.problem_files import read_input
+    from workflows.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml", [f"run.seed={seed}"])
+    drv = cfg.run
+    loop = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
+                        max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed)
+    problems, _ = curate_records([s for spec in drv.data for s in read_input(spec)], cfg.curate)
+    pool = [r["problem_id"] for r in problems if r["split"] == "train"]
     rates = beta_solve_rates(pool, a=1.2, b=1.5, seed=seed)
-    plans, _ = simulate(loop, rates, 8)
+    plans, _ = simulate(loop, rates, cfg.rollout.samples_per_prompt)
     check_invariants(plans, loop, pool)
-    assert sum(len(ids) for p in plans for ids in p.requests) > 2 * len(pool)
+    assert len(plans) == drv.steps
+    assert sum(len(ids) for p in plans for ids in p.requests) > 2 * len(pool)  # several epochs of draws
 
 
 def test_the_paper_config_shape_for_its_500_steps() -> None:
