@@ -150,6 +150,31 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
     return metrics, extra, group
 
 
+def start_workers(config: TrainConfig) -> None:
+    """Start this process's warm worker group for ``config`` now and return at once.
+
+    The ranks import torch, DeepSpeed and transformers, join their process group and wait for the
+    first request (engines/train_worker.py: _serve), so a caller that knows the training settings
+    early (the local driver, at the start of a run) has the group's start overlap its curation,
+    step-0 policy and evaluation instead of charging it to the first step. The first step then
+    builds its engine from its parent checkpoint as any reloaded step does. Nothing happens when
+    workers are not kept warm or a group with this key is up; a group that cannot start now is
+    left to the first step (which starts one, or runs cold).
+    """
+    if not config.keep_workers_warm:
+        return
+    env = _worker_env(config.num_processes)
+    # The engine is built per request; the base spec only has to parse (its per-request fields are empty).
+    engine_spec = {"train": asdict(config), "parent_checkpoint": "", "resume_ds_state": None, "steps": [],
+                   "out_dir": "", "probe_input_ids": None, "probe_path": None}
+    with train_server.lock():
+        try:
+            train_server.acquire(key=_group_key(config, env), num_processes=config.num_processes,
+                                 engine_spec=engine_spec, env=env)
+        except train_server.GroupUnavailable:
+            pass
+
+
 def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: TrainConfig,
                    parent_version: int) -> list[dict[str, Any]]:
     """Validate every step's batch before any process starts (bad input fails fast and clearly);

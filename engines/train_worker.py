@@ -162,11 +162,19 @@ def _wait_request(serve_dir: Path, n: int) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def _preload() -> None:
+    """Import what building the first request's engine needs (transformers' model classes; DeepSpeed
+    came with the process group) before waiting for it: a group started ahead of its first step
+    (engines/train_launch.py: start_workers) has it done by then."""
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+
 def _serve(base: WorkerSpec, rank: int) -> None:
     """Serve requests until a ``stop`` request (or the owner's death, via the watchdog)."""
     assert base.serve_dir is not None
     serve_dir = Path(base.serve_dir)
     runner: StepRunner | None = None
+    _preload()
     dist.barrier()  # every rank joined before the first acknowledgement
     n = 0
     while True:

@@ -29,6 +29,7 @@ from engines import threads
 from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, warmup_problem_ids
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
+from engines.train_launch import start_workers
 from engines.train_publish import METRICS_FILE
 from infra.environments import cpu_env
 from storage import checkpoints, digests, pruning, run_store
@@ -291,6 +292,7 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     layout = RunLayout(run_dir)
     start_run_folder(run_config, layout)
     with stage_cores(run_config):
+        start_training_early(run_config, layout)
         prepared = await prepare_run(run_config, layout)
         summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
@@ -299,6 +301,17 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
         final_checkpoint=Dir.from_existing_remote(summary["final_checkpoint"]), steps_done=summary["steps_done"],
         accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
     )
+
+
+def start_training_early(cfg: RunConfig, layout: RunLayout) -> None:
+    """Run locally (every task in this process), start the DeepSpeed worker group now, beside
+    curation, the step-0 policy and its evaluation, rather than in the first training step
+    (engines/train_launch.py: start_workers). Not on a cluster, where training runs in pods of its
+    own, and not when the run's last checkpoint is published already (a re-run of cache hits)."""
+    ctx = flyte.ctx()
+    if ctx is None or ctx.mode != "local" or cfg.run.steps == 0 or checkpoints.is_complete(layout.checkpoint(cfg.run.steps)):
+        return
+    start_workers(cfg.train)
 
 
 def step_group(step: int) -> str:

@@ -41,7 +41,7 @@ from engines import train_batch as tb
 from engines import train_server
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
 from engines.train_engine import warmup_lr_factor  # noqa: E402
-from engines.train_launch import train_step, train_steps
+from engines.train_launch import start_workers, train_step, train_steps
 from engines.train_publish import METRICS_FILE, TrainStepError
 from engines.train_spec import DS_STATE_DIR  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
@@ -638,6 +638,25 @@ def test_workers_exit_when_the_owner_is_killed(runs: dict, tmp_path: Path) -> No
             owner.kill()
             owner.wait()
     assert checkpoints.is_complete(tmp_path / "o1")
+
+
+def test_a_group_started_ahead_serves_the_first_step_as_a_cold_launch_would(runs: dict, warm_vs_cold: dict) -> None:
+    """start_workers (the local driver calls it when a run begins) starts the group without a parent;
+    the first step then finds it up, builds its engine from its parent and gives the cold weights."""
+    r = warm_vs_cold
+    train_server.stop_active()
+    start_workers(CONFIG)
+    group = train_server.active_group()
+    assert group is not None and group.alive and group.history == []
+    start_workers(CONFIG)  # already up: the same group
+    assert train_server.active_group() is group
+    step1 = train_step(runs["ck0"], [runs["shard1"]], r["root"] / "ahead1", step=1, config=CONFIG)
+    assert train_server.active_group() is group and group.history == ["reloaded"]
+    assert step1.timings["group_started"] == 0.0 and step1.timings["warm_group"] == 1.0
+    assert _same_weights(step1.checkpoint_dir, r["c1"].checkpoint_dir)
+    assert same_state(optimizer_state(step1.checkpoint_dir), optimizer_state(r["c1"].checkpoint_dir)) == []
+    start_workers(COLD)  # workers not kept warm: nothing starts, the group stays
+    assert train_server.active_group() is group
 
 
 @pytest.mark.slow
