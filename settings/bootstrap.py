@@ -11,7 +11,7 @@ from settings.checks import check_fields
 class BootstrapConfig:
     """Settings of the bootstrap stage (tiny policy construction and warm-up, or import)."""
 
-    source: str = "tiny"  # "tiny", or the path of a local HF model folder to import as step 0
+    source: str = "tiny"  # "tiny" (build + warm up), "shipped:NAME" (assets/policies/NAME, made once by a warm-up), or a local HF model folder / URI to import as step 0
     link_import: bool = False  # import by symlinking files instead of copying them (same machine only)
     seed: int = 0  # weight init, batch order and synthetic problems all derive from it
     num_layers: int = 3  # tiny model: transformer layers

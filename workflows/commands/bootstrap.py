@@ -14,7 +14,7 @@ from storage import checkpoints
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``dapo bootstrap``."""
     parser.add_argument("--out", required=True, help="checkpoint folder to publish (atomic)")
-    parser.add_argument("--source", default=None, help="'tiny' (default) or a local HF model folder to import")
+    parser.add_argument("--source", default=None, help="'tiny' (default: build and warm up), 'shipped:NAME' (assets/policies/NAME) or a local HF model folder to import")
     parser.add_argument("--link", action="store_true", help="import by symlinking instead of copying")
     parser.add_argument("--train", nargs="*", default=[], help="train Problem shards (default: synthetic problems)")
     parser.add_argument("--test", nargs="*", default=[], help="test Problem shards for the held-out check")
