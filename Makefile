@@ -10,8 +10,11 @@ setup:
 run: setup
 	.venv/bin/dapo run --config $(CONFIG)
 
+# Two workers, one core each (tests/conftest.py pins them); a test file stays on one worker.
+TEST_WORKERS ?= 2
+
 test: setup
-	.venv/bin/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 test-fast: setup
-	.venv/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 from tests import s3_server
+
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (``make test`` runs one worker per core), give each worker one core of its
+    own, inherited by every process it starts: the engines size their thread pools from the cores a
+    process may use (engines/threads.py), so two workers never oversubscribe the machine (vLLM and
+    DeepSpeed slow down ~10x with more threads than free cores)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in a worker
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_pin_xdist_worker()
 
 # The product flushes denormals in every process that runs a model (engines/vllm_engine.py,
 # engines/train_dist.py, ...), and that FPU state is global to the process. Set it once here so
