@@ -52,6 +52,7 @@ def rung_row(result: dict[str, Any]) -> dict[str, Any]:
     finals = [r["summary"]["accuracy_after"] for r in runs]
     eval_steps = [e["step"] for e in runs[0]["summary"]["evals"]]
     tail = max(1, min(len(r["metrics"]) for r in runs) // 4)  # the last quarter of the steps
+    entropy_tail = [_mean([m["entropy"] for m in r["metrics"][-tail:]]) for r in runs]
     return {
         "name": result["name"],
         "config": result["settings"],
@@ -74,7 +75,9 @@ def rung_row(result: dict[str, Any]) -> dict[str, Any]:
             for key in ("entropy", "response_length_mean", "truncation_ratio", "accuracy", "generation_rounds",
                         "clip_frac_high", "clip_frac_low")
         },
-        "entropy_last_quarter": _mean([_mean([m["entropy"] for m in r["metrics"][-tail:]]) for r in runs]),
+        "entropy_final": [r["metrics"][-1]["entropy"] for r in runs],  # per seed: the last step's
+        "entropy_tail": entropy_tail,  # per seed: mean over the last quarter of the steps
+        "entropy_last_quarter": _mean(entropy_tail),
         "response_length_mean": _mean([_mean([m.get("response_length_mean") for m in r["metrics"]]) for r in runs]),
         "truncation_ratio_mean": _mean([_mean([m["truncation_ratio"] for m in r["metrics"]]) for r in runs]),
         "generation_rounds_total": [sum(m["generation_rounds"] for m in r["metrics"]) for r in runs],
@@ -88,7 +91,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
         return "(no rung)"
     k, n = table[0]["eval_k"], table[0]["eval_problems"]
     lines = [
-        f"| rung | held-out avg@{k} (mean +/- std over seeds) | per seed | vs naive | entropy (last quarter) "
+        f"| rung | held-out avg@{k} (mean +/- std over seeds) | per seed | vs naive | entropy (last quarter, mean +/- std) "
         f"| truncated | generation rounds |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -97,13 +100,21 @@ def format_table(table: list[dict[str, Any]]) -> str:
         per_seed = ", ".join(f"{a:.1%}" for a in row["accuracy"])
         lines.append(
             f"| {row['name']} | {row['accuracy_mean']:.1%} +/- {row['accuracy_std']:.1%} | {per_seed} "
-            f"| {(row['accuracy_mean'] - naive) * 100:+.1f} pts | {_fmt(row['entropy_last_quarter'], '.3f')} "
+            f"| {(row['accuracy_mean'] - naive) * 100:+.1f} pts | {_entropy_text(row)} "
             f"| {_fmt(row['truncation_ratio_mean'], '.1%')} | {sum(row['generation_rounds_total']) / len(row['generation_rounds_total']):.0f} |"
         )
     lines.append("")
     lines.append(f"Held-out set: {n} problems, k = {k}, before training: {table[0]['accuracy_before']:.1%}; "
                  f"{table[0]['steps']} steps per run; seeds {table[0]['seeds']}.")
     return "\n".join(lines)
+
+
+def _entropy_text(row: dict[str, Any]) -> str:
+    """The rung's last-quarter entropy, mean +/- sample std over seeds."""
+    tails = [v for v in row.get("entropy_tail", []) if v is not None]
+    if len(tails) < 2:
+        return _fmt(row["entropy_last_quarter"], ".3f")
+    return f"{row['entropy_last_quarter']:.3f} +/- {_std(tails):.3f}"
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -73,6 +73,8 @@ def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
     assert row["accuracy_std"] == pytest.approx(0.0707107, rel=1e-5)  # sample std of (0.3, 0.4)
     assert row["entropy_last_quarter"] == pytest.approx(0.8)  # last step of 4: (1.0 + 0.6) / 2
     assert rung_row(results[1])["entropy_last_quarter"] == pytest.approx(0.6)
+    assert rung_row(results[1])["entropy_final"] == [0.8, 0.4]  # each seed's last step
+    assert rung_row(results[1])["entropy_tail"] == [0.8, 0.4]  # each seed's last quarter (1 of 4 steps)
     assert row["generation_rounds_total"] == [8, 8]
 
     table, page = write_ablation(tmp_path, results, base=base, seconds=1.0)
