@@ -43,6 +43,9 @@ if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environm
 
 # The log-prob mode every engine runs with; recorded in each rollout manifest.
 LOGPROBS_MODE = "raw_logprobs"
+# Tokens one CPU engine step may schedule (vLLM 0.32's default for an offline CPU engine); raised
+# to max_model_len when that is larger, since CPU engines prefill each prompt whole.
+CPU_MAX_NUM_BATCHED_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,17 @@ def engine_kwargs(checkpoint_dir: str | Path, settings: EngineSettings, *, on_cp
         # rollout settings must come from RolloutConfig only.
         generation_config="vllm",
     )
-    if not on_cpu:
+    if on_cpu:
+        # Every request carries its own seed (engines/rollout.py). With chunked prefill, a prompt
+        # that does not fit the step's token budget is prefilled in parts, and vLLM rewinds the
+        # seeded generator of each part it discards; a CPU torch.Generator has no offset to rewind,
+        # so the whole rollout dies ("CPU Generator does not use offset") as soon as one round's
+        # prompts exceed the budget (e.g. 64 prompts of ~220 tokens). Without chunking, a prompt
+        # that does not fit waits for the next step instead; a step must then hold one whole
+        # sequence.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(settings.max_model_len, CPU_MAX_NUM_BATCHED_TOKENS)
+    else:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = settings.tensor_parallel_size

@@ -272,3 +272,24 @@ def test_a_task_thread_generates_on_an_engine_with_fewer_threads_than_the_proces
     proc = subprocess.run([sys.executable, "-c", _OTHER_THREAD, str(tmp_path / "ckpt")], env=env, cwd=repo,
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0 and "OK" in proc.stdout.splitlines()[-1], (proc.stdout[-2000:], proc.stderr[-3000:])
+
+
+def test_a_round_whose_prompts_exceed_one_engine_step_samples_as_small_parts_do(checkpoint: Path) -> None:
+    # 32 prompts of ~220 tokens x 2 samples: ~7,000 prompt tokens, more than one engine step
+    # schedules (vllm_engine.CPU_MAX_NUM_BATCHED_TOKENS). With chunked prefill a prompt was split
+    # across steps and the seeded request's CPU generator could not be rewound: the rollout died
+    # with "CPU Generator does not use offset". Each request's own seed makes its sample independent
+    # of how the engine batches it, so the whole round must equal the same requests four at a time.
+    rng = random.Random(3)
+    prompts = ["".join(rng.choice("0123456789") + rng.choice("+-") for _ in range(108)) + "1=\n" for _ in range(32)]
+    ids = ro.tokenize_prompts(checkpoint, prompts)
+    assert sum(len(t) for t in ids) > vllm_engine.CPU_MAX_NUM_BATCHED_TOKENS
+    requests = [{"problem_id": f"p{i}", "sample_index": s, "prompt_token_ids": t, "seed": 100 * i + s}
+                for i, t in enumerate(ids) for s in range(2)]
+    settings = ro.engine_settings(_config(), 256)
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8}
+    whole = ro.generate_part(str(checkpoint), settings, sampling, requests)
+    parts = [r for i in range(0, len(requests), 4) for r in ro.generate_part(str(checkpoint), settings, sampling, requests[i:i + 4])]
+    assert [r["response_token_ids"] for r in whole] == [r["response_token_ids"] for r in parts]
+    for a, b in zip(whole, parts):
+        assert a["rollout_log_probs"] == pytest.approx(b["rollout_log_probs"], abs=1e-5)
