@@ -164,9 +164,9 @@ def start_workers(config: TrainConfig) -> None:
     if not config.keep_workers_warm:
         return
     env = _worker_env(config.num_processes)
-    # The engine is built per request; the base spec only has to parse (its per-request fields are empty).
-    engine_spec = {"train": asdict(config), "parent_checkpoint": "", "resume_ds_state": None, "steps": [],
-                   "out_dir": "", "probe_input_ids": None, "probe_path": None}
+    # The engine is built per request, and every request carries all of _REQUEST_FIELDS: the base
+    # spec needs only the settings.
+    engine_spec = {"train": asdict(config), **dict.fromkeys(_REQUEST_FIELDS)}
     with train_server.lock():
         try:
             train_server.acquire(key=_group_key(config, env), num_processes=config.num_processes,

@@ -111,7 +111,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
 
 def _entropy_text(row: dict[str, Any]) -> str:
     """The rung's last-quarter entropy, mean +/- sample std over seeds."""
-    tails = [v for v in row.get("entropy_tail", []) if v is not None]
+    tails = [v for v in row["entropy_tail"] if v is not None]
     if len(tails) < 2:
         return _fmt(row["entropy_last_quarter"], ".3f")
     return f"{row['entropy_last_quarter']:.3f} +/- {_std(tails):.3f}"

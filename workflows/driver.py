@@ -203,7 +203,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     source = cfg.bootstrap.source
     progress.stage("the step-0 policy (" + ("bootstrap warm-up" if source == "tiny" else f"import of {source}") + ")")
     checkpoint = await call_verified(bootstrap, [layout.checkpoint(0)], train_paths, test_paths, str(layout.checkpoint(0)),
-                                     cfg.bootstrap, upstream=[layout.curate_dir, *source_folders(cfg.bootstrap.source)])
+                                     cfg.bootstrap, upstream=[layout.curate_dir, *source_folders(source)])
     check_heldout_unseen(checkpoint, test_paths)
     return {
         "checkpoint": checkpoint,
