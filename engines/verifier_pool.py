@@ -228,12 +228,18 @@ class _VerdictPool:
             self._discard(worker)
 
     def run(self, items: Sequence[tuple[str, str]], timeout_s: float, max_workers: int) -> list[Outcome]:
-        """Judge `items` [(answer, gold_text)] on up to `max_workers` processes; one outcome each."""
+        """Judge `items` [(answer, gold_text)] on up to `max_workers` processes; one outcome each.
+
+        The pool keeps up to `max_workers` processes between calls: a call with fewer items than
+        workers leaves the others idle, not killed, so the next call does not pay a fresh
+        interpreter's sympy import (~0.4 s). Only a smaller `max_workers` shrinks it.
+        """
         outcomes: list[Outcome | None] = [None] * len(items)
         attempts = [0] * len(items)
         pending: collections.deque[int] = collections.deque(range(len(items)))
         while len(self.workers) > max_workers:  # shrink a pool left larger by an earlier call
             self._discard(self.workers[-1])
+        max_workers = min(max_workers, len(items))  # start no more than this call can use
         kill_after_s = timeout_s + _KILL_GRACE_S
 
         def requeue(indices: list[int], blame: bool) -> None:
@@ -246,7 +252,7 @@ class _VerdictPool:
 
         while pending or any(w.chunk is not None for w in self.workers):
             # Dispatch: top the pool up lazily (this also replaces killed workers), feed idle ones.
-            while pending and len(self.workers) < max_workers:
+            while pending and len(self.workers) < max_workers:  # also replaces killed workers
                 self.workers.append(self._start_worker())
             for worker in list(self.workers):
                 if not pending:
@@ -378,7 +384,7 @@ def process_judge(max_workers: int | None = None) -> Judge:
 
     def judge(items: Sequence[tuple[str, str]], timeout_s: float) -> list[Outcome]:
         global _POOL
-        workers = min(max_workers or _default_workers(), len(items))
+        workers = max_workers or _default_workers()
         with _POOL_LOCK:
             if _POOL is None or _POOL.owner_pid != os.getpid():
                 # A forked child must not drive its parent's workers; it gets its own pool.

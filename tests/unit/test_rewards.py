@@ -351,6 +351,24 @@ def test_pool_is_reused_across_calls() -> None:
     assert verifier_pool_stats()["started"] == started_before
 
 
+def test_a_call_with_fewer_items_than_workers_keeps_the_idle_workers() -> None:
+    # A step where one response needs math-verify must not kill the other worker, or the next
+    # step pays a fresh interpreter's sympy import (~0.4 s) before its verdicts.
+    score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    assert verifier_pool_stats()["alive"] == 2
+    started_before = verifier_pool_stats()["started"]
+    score_responses(["Answer: \\frac{6}{2}"], [3], timeout_s=TIMEOUT_S, judge=process_judge(2))
+    assert verifier_pool_stats()["alive"] == 2
+    score_responses(["Answer: \\frac{8}{2}"] * 4, [4] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    assert verifier_pool_stats()["started"] == started_before
+
+
+def test_a_smaller_max_workers_shrinks_the_pool() -> None:
+    score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    score_responses(["Answer: \\frac{6}{2}"] * 4, [3] * 4, timeout_s=TIMEOUT_S, judge=process_judge(1))
+    assert verifier_pool_stats()["alive"] == 1
+
+
 def test_works_from_a_thread_that_also_creates_the_pool() -> None:
     shutdown_verifier_pool()
     responses, golds, expected_correct = _mixed_batch(40)
