@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/ablation-tiny.yaml")
+    parser.add_argument("--config", default="configs/ablation-addsub.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rungs", type=int, nargs="+", help="only these rungs (indices 0-5; default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE")

@@ -242,7 +242,7 @@ def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], ru
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="configs/ablation-tiny.yaml",
+    parser.add_argument("--config", default="configs/ablation-addsub.yaml",
                         help="the full DAPO config the ladder ends at (default: %(default)s)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config field for every rung, e.g. --set run.steps=10 (repeatable)")

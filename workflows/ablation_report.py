@@ -86,27 +86,36 @@ def rung_row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_table(table: list[dict[str, Any]]) -> str:
-    """The paper's Table 1 form: held-out avg@k per rung, mean and spread over seeds."""
+    """The paper's Table 1 form: held-out avg@k per rung, mean and spread over seeds, and each rung's
+    effect (the change from the rung before it, and from naive GRPO) with its 95% interval over seeds."""
     if not table:
         return "(no rung)"
     k, n = table[0]["eval_k"], table[0]["eval_problems"]
     lines = [
-        f"| rung | held-out avg@{k} (mean +/- std over seeds) | per seed | vs naive | entropy (last quarter, mean +/- std) "
-        f"| truncated | generation rounds |",
-        "|---|---|---|---|---|---|---|",
+        f"| rung | held-out avg@{k} (mean +/- std over seeds) | per seed | vs rung above (95% CI) | vs naive (95% CI) "
+        "| entropy (last quarter, mean +/- std) | truncated | generation rounds |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    naive = table[0]["accuracy_mean"]
-    for row in table:
+    for i, row in enumerate(table):
         per_seed = ", ".join(f"{a:.1%}" for a in row["accuracy"])
+        above = "-" if i == 0 else _change_text(table[i - 1]["accuracy"], row["accuracy"])
+        naive = "reference" if i == 0 else _change_text(table[0]["accuracy"], row["accuracy"])
         lines.append(
             f"| {row['name']} | {row['accuracy_mean']:.1%} +/- {row['accuracy_std']:.1%} | {per_seed} "
-            f"| {(row['accuracy_mean'] - naive) * 100:+.1f} pts | {_entropy_text(row)} "
+            f"| {above} | {naive} | {_entropy_text(row)} "
             f"| {_fmt(row['truncation_ratio_mean'], '.1%')} | {sum(row['generation_rounds_total']) / len(row['generation_rounds_total']):.0f} |"
         )
     lines.append("")
     lines.append(f"Held-out set: {n} problems, k = {k}, before training: {table[0]['accuracy_before']:.1%}; "
-                 f"{table[0]['steps']} steps per run; seeds {table[0]['seeds']}.")
+                 f"{table[0]['steps']} steps per run; seeds {table[0]['seeds']}. Changes: difference of the "
+                 "seed means, 95% interval from Welch's standard error.")
     return "\n".join(lines)
+
+
+def _change_text(reference: list[float], other: list[float]) -> str:
+    """``"+2.9 pts (+/- 1.8)"``: mean(other) - mean(reference) in points with its 95% half-width."""
+    change, half = two_sample_change(reference, other)
+    return f"{change * 100:+.1f} pts" + ("" if half is None else f" (+/- {half * 100:.1f})")
 
 
 def _entropy_text(row: dict[str, Any]) -> str:

@@ -83,5 +83,6 @@ def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
     assert written[1]["config"] == {"score.dynamic_sampling": True} and written[1]["accuracy"] == [0.5, 0.6]
     assert (tmp_path / "curves.png").stat().st_size > 10_000 and "base64" in page
     text = format_table(table)
-    assert "| naive GRPO | 35.0% +/- 7.1% | 30.0%, 40.0% | +0.0 pts |" in text
-    assert "| + dynamic sampling (DAPO) | 55.0% +/- 7.1% | 50.0%, 60.0% | +20.0 pts |" in text
+    assert "| naive GRPO | 35.0% +/- 7.1% | 30.0%, 40.0% | - | reference |" in text
+    # Welch: se = sqrt(0.005/2 + 0.005/2) = 0.0707 points-fraction; t(0.975, 1 df) = 12.706 -> +/- 89.8 pts
+    assert "| + dynamic sampling (DAPO) | 55.0% +/- 7.1% | 50.0%, 60.0% | +20.0 pts (+/- 89.8) | +20.0 pts (+/- 89.8) |" in text
