@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -26,6 +27,18 @@ def _pin_xdist_worker() -> None:
 
 
 _pin_xdist_worker()
+
+
+def _take_ctrl_c_back() -> None:
+    """A suite started in the background (`make test &`, nohup, some CI runners) inherits SIGINT
+    ignored, and every process it starts inherits that too, so the Ctrl-C tests would see a
+    `dapo` that cannot be interrupted. Restore Python's handler; children then start with the
+    default disposition, as they do from a terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_take_ctrl_c_back()
 
 # The product flushes denormals in every process that runs a model (engines/vllm_engine.py,
 # engines/train_dist.py, ...), and that FPU state is global to the process. Set it once here so
