@@ -239,7 +239,7 @@ class _VerdictPool:
         pending: collections.deque[int] = collections.deque(range(len(items)))
         while len(self.workers) > max_workers:  # shrink a pool left larger by an earlier call
             self._discard(self.workers[-1])
-        max_workers = min(max_workers, len(items))  # start no more than this call can use
+        wanted = min(max_workers, len(items))  # start no more workers than this call can use
         kill_after_s = timeout_s + _KILL_GRACE_S
 
         def requeue(indices: list[int], blame: bool) -> None:
@@ -252,14 +252,14 @@ class _VerdictPool:
 
         while pending or any(w.chunk is not None for w in self.workers):
             # Dispatch: top the pool up lazily (this also replaces killed workers), feed idle ones.
-            while pending and len(self.workers) < max_workers:  # also replaces killed workers
+            while pending and len(self.workers) < wanted:
                 self.workers.append(self._start_worker())
             for worker in list(self.workers):
                 if not pending:
                     break
                 if worker.chunk is not None:
                     continue
-                chunk_size = max(1, min(_MAX_CHUNK_ITEMS, len(pending) // (2 * max_workers)))
+                chunk_size = max(1, min(_MAX_CHUNK_ITEMS, len(pending) // (2 * wanted)))
                 chunk = [pending.popleft() for _ in range(min(chunk_size, len(pending)))]
                 worker.chunk = chunk
                 # Backstop for a worker that never starts an item (stuck importing, stopped):
