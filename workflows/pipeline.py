@@ -29,13 +29,14 @@ from typing import Any, NoReturn, TypeVar
 
 import flyte
 
+from infra.flyte_local_db import sync_flyte_connections_normally, use_wal
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
 from workflows.config import RunConfig, load_config
 from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
 from workflows.run_output import log_file, run_output
-from workflows.run_records import close_open_actions
+from workflows.run_records import close_open_actions, db_path
 
 DEFAULT_RUN_ROOT = "runs"
 T = TypeVar("T")
@@ -72,10 +73,13 @@ def init_flyte_for_run(layout: RunLayout) -> Path:
 
     if hasattr(_reader.get_config_file, "cache_clear"):
         _reader.get_config_file.cache_clear()
-    for shadow in (Path("config.yaml"), Path(".flyte") / "config.yaml"):
-        if shadow.exists():
-            progress.note(f"warning: {shadow} in the current folder takes precedence over the run's Flyte config; "
-                          "the local cache will live next to it instead of in the run folder", warning=True)
+    shadows = [shadow for shadow in (Path("config.yaml"), Path(".flyte") / "config.yaml") if shadow.exists()]
+    for shadow in shadows:
+        progress.note(f"warning: {shadow} in the current folder takes precedence over the run's Flyte config; "
+                      "the local cache will live next to it instead of in the run folder", warning=True)
+    if not shadows:  # five SQLite commits per task call: WAL without a sync per commit (infra/flyte_local_db.py)
+        use_wal(db_path(layout))
+    sync_flyte_connections_normally()
     flyte.init_from_config(str(path.resolve()))
     return path
 

@@ -1,0 +1,87 @@
+"""Flyte's local run records and task cache as SQLite in WAL mode with normal syncs.
+
+Run locally, Flyte 2 (2.12) records every task call in one SQLite file (``<run>/flyte/local-cache/
+cache.db``): the action's start and end, its attempt's start and end, and its cache entry, five
+commits a call and four calls a DAPO step. SQLite's defaults (a rollback journal, ``synchronous=
+FULL``) create, sync and delete a journal file on every commit: 1.5 ms a commit on a quiet disk,
+several times that while the same disk takes checkpoints, so 10-30 ms a task call and up to
+0.1 s of a ~1.6 s step on the main job (benchmarks/RESULTS.md, "Flyte's local records").
+
+In WAL mode with ``synchronous=NORMAL`` a commit appends to the write-ahead log without syncing
+(the log is synced when it is checkpointed into the database). A commit still survives the
+process being killed (kill -9, Ctrl-C); only a power loss or an operating-system crash can take
+back the last commits, and the database stays consistent even then. Losing a cache entry costs
+nothing but time: that task runs again and rewrites its outputs atomically, and a missing run
+record only leaves a gap in ``flyte start tui``. ``NORMAL`` is applied only to connections whose
+database is in WAL mode: with a rollback journal it could corrupt the file on a power loss.
+
+Journal mode is a property of the database file, so ``use_wal`` sets it once with a connection of
+its own before Flyte opens the file. The synchronous level belongs to each connection and cannot
+change inside a transaction, so ``sync_flyte_connections_normally`` sets it on Flyte's
+connections as Flyte opens them, before anything else can use them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+
+def use_wal(db_path: Path) -> str:
+    """Put the SQLite database at ``db_path`` (created if absent) in WAL mode; returns the mode now in force.
+
+    The mode stays ``delete`` where the file system cannot hold a WAL's shared memory (some
+    network file systems); Flyte's connections then keep their full syncs.
+    """
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(db_path, timeout=30)) as conn:
+        return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+
+
+def sync_normally_if_wal(conn: sqlite3.Connection) -> bool:
+    """``PRAGMA synchronous=NORMAL`` on ``conn`` when its database is in WAL mode; True when set."""
+    if conn.in_transaction:
+        return False
+    if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        return False
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return True
+
+
+async def _sync_normally_if_wal_async(conn: Any) -> None:
+    """The same for an ``aiosqlite`` connection (used by Flyte when aiosqlite is installed)."""
+    async with conn.execute("PRAGMA journal_mode") as cursor:
+        row = await cursor.fetchone()
+    if row and str(row[0]).lower() == "wal":
+        await conn.execute("PRAGMA synchronous=NORMAL")
+
+
+def sync_flyte_connections_normally() -> None:
+    """Wrap Flyte's local-database openers so each new connection syncs normally in WAL mode (idempotent)."""
+    from flyte._persistence._db import LocalDB
+
+    open_sync = LocalDB._initialize_sync_inner
+    if getattr(open_sync, "dapo_tuned", False):
+        return
+    open_async = LocalDB._initialize_async
+
+    @functools.wraps(open_sync)
+    def initialize_sync_inner() -> None:
+        open_sync()
+        if LocalDB._conn_sync is not None:
+            sync_normally_if_wal(LocalDB._conn_sync)
+
+    @functools.wraps(open_async)
+    async def initialize_async() -> None:
+        await open_async()
+        if LocalDB._conn_sync is not None:
+            sync_normally_if_wal(LocalDB._conn_sync)
+        if LocalDB._conn is not None:
+            await _sync_normally_if_wal_async(LocalDB._conn)
+
+    initialize_sync_inner.dapo_tuned = True  # type: ignore[attr-defined]
+    LocalDB._initialize_sync_inner = staticmethod(initialize_sync_inner)
+    LocalDB._initialize_async = staticmethod(initialize_async)
