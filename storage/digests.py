@@ -126,6 +126,19 @@ def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str
     return problems
 
 
+def record_stamp(path: str | os.PathLike[str]) -> tuple[int, int, int] | None:
+    """(inode, size, modification time in ns) of the local output ``path``'s digest record; None
+    when it has none or lives in an object store. Records are written atomically (a new file
+    renamed into place), so a record written again has another stamp."""
+    if run_store.is_remote(path):
+        return None
+    try:
+        stat = run_store.local_path(record_path(path)).stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
 def upstream_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
     """A digest of what the outputs ``paths`` hold: their digest records (16 hex chars).
 

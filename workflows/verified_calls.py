@@ -8,13 +8,15 @@ record, deletes that call's outputs and runs the task once more with its cache d
 call (``task.override(cache="disable")``: the body runs on the laptop and on a cluster alike).
 The re-made outputs land at the same paths with fresh records, so later re-runs hit the
 original cache entry and find them intact. What cannot be re-made is an error naming the files.
+What a cache hit points to is hashed again; an output the call itself just wrote is checked by
+size only, since its bytes were hashed into its digest record as they were written.
 Files the retention policy pruned (storage/pruning.py) are not missing: a pruned checkpoint's
 cached call stays a cache hit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from storage import digests, pruning
@@ -25,9 +27,15 @@ class DamagedOutputError(RuntimeError):
     """A task's outputs are still missing or damaged after it ran again; names each file."""
 
 
-def damaged_outputs(outputs: Sequence[str]) -> list[str]:
-    """One line per missing or damaged file of ``outputs`` (empty when all are intact)."""
-    return [problem for path in outputs for problem in pruning.check(path)]
+def damaged_outputs(outputs: Sequence[str], *, just_made: Collection[str] = ()) -> list[str]:
+    """One line per missing or damaged file of ``outputs`` (empty when all are intact).
+
+    Outputs in ``just_made`` were written by the call being checked, which hashed their bytes as
+    it wrote them into their digest records: their files' presence and sizes are checked, not
+    their sha256 again (the checkpoint's ~16 MB a step). Any other local output is hashed.
+    """
+    return [problem for path in outputs
+            for problem in pruning.check(path, deep=False if path in just_made else None)]
 
 
 async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream: Sequence[str] = ()) -> Any:
@@ -39,8 +47,12 @@ async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream:
     something else, this call and every call downstream of it run again.
     """
     args = (*args, digests.upstream_digest(upstream))
+    stamps = {path: digests.record_stamp(path) for path in outputs}
     result = await task.aio(*args)
-    problems = damaged_outputs(outputs)
+    # A record this call wrote (a new stamp) describes bytes hashed as they were written; a cache
+    # hit leaves the old record, and the files it names are hashed again.
+    just_made = {path for path in outputs if digests.record_stamp(path) not in (None, stamps[path])}
+    problems = damaged_outputs(outputs, just_made=just_made)
     if not problems:
         return result
     name = getattr(task, "short_name", None) or task.name

@@ -132,6 +132,21 @@ def test_a_deleted_or_damaged_cached_checkpoint_is_made_again(root: str) -> None
     assert task.body_runs == (4 if not run_store.is_remote(root) else 3)
 
 
+def test_what_a_call_just_wrote_is_not_hashed_again_and_what_a_cache_hit_points_to_is(
+        root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = run_store.join(root, "checkpoints", "step-0001")
+    task = _FakeCachedTask(lambda out: (_publish_checkpoint(out, b"weights"), out)[1])
+    hashed: list[str] = []
+    actual = digests._actual_sha256
+    monkeypatch.setattr(digests, "_actual_sha256", lambda path: (hashed.append(path), actual(path))[1])
+    asyncio.run(call_verified(task, [ckpt], ckpt))
+    assert task.body_runs == 1 and hashed == []  # its record was written from the bytes just hashed
+    asyncio.run(call_verified(task, [ckpt], ckpt))  # a cache hit: the old record, the files hashed
+    assert task.body_runs == 1
+    assert sorted(hashed) == ([] if run_store.is_remote(root) else sorted(
+        run_store.join(ckpt, name) for name in ("dapo_checkpoint.json", "model.safetensors")))
+
+
 def test_an_output_that_cannot_be_made_again_is_an_error_naming_it(root: str) -> None:
     shard = run_store.join(root, "batch.parquet")
 
