@@ -101,11 +101,27 @@ def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, wor
     return timings
 
 
-def _export_hf(state: dict[str, torch.Tensor], spec: WorkerSpec, out: Path) -> None:
-    """Rank 0: the parent's model with the consolidated weights ``state``, saved as an HF checkpoint."""
+# Rank 0's HF model to export into, kept between the steps of a warm worker: (the parent's
+# config.json bytes it was built from, the model). Each export overwrites every weight
+# (load_state_dict below), so only the first step of a config pays for ``from_pretrained``.
+_export_model: tuple[bytes, torch.nn.Module] | None = None
+
+
+def _model_to_export_into(parent: Path) -> torch.nn.Module:
+    """The parent's HF model (architecture, config, buffers), built once per parent config."""
+    global _export_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
+    config_bytes = (parent / "config.json").read_bytes()
+    if _export_model is None or _export_model[0] != config_bytes:
+        _export_model = None  # drop the old one before building the next
+        _export_model = (config_bytes, AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32))
+    return _export_model[1]
+
+
+def _export_hf(state: dict[str, torch.Tensor], spec: WorkerSpec, out: Path) -> None:
+    """Rank 0: the parent's model with the consolidated weights ``state``, saved as an HF checkpoint."""
+    model = _model_to_export_into(Path(spec.parent_checkpoint))
     missing, unexpected = model.load_state_dict(state, strict=False)
     # Tied output embeddings appear once among named_parameters (as the input embedding).
     really_missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]

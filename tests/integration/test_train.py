@@ -530,6 +530,8 @@ def test_warm_steps_equal_cold_steps_bitwise(warm_vs_cold: dict) -> None:
     for warm, cold in (("w1", "c1"), ("w2", "c2")):
         assert _same_weights(r[warm].checkpoint_dir, r[cold].checkpoint_dir), warm
         assert r[warm].checkpoint_id == r[cold].checkpoint_id  # the id digests the weight bytes
+        for name in ("config.json", "generation_config.json"):  # the warm export reuses its HF model
+            assert (Path(r[warm].checkpoint_dir) / name).read_bytes() == (Path(r[cold].checkpoint_dir) / name).read_bytes()
         # 2 updates per step: 2 after step 1, 4 after step 2, on both paths.
         assert _ds_meta(r[warm].checkpoint_dir)["updates_done"] == _ds_meta(r[cold].checkpoint_dir)["updates_done"]
         assert same_state(optimizer_state(r[warm].checkpoint_dir), optimizer_state(r[cold].checkpoint_dir)) == []
