@@ -45,12 +45,23 @@ SPANS: list[tuple[str, tuple[str, ...]]] = [
     ("report refresh", ("workflows/report.py:", "workflows/svg_charts.py:")),
     ("tracking", ("tracking/",)),
     ("retention", ("storage/pruning.py:", "storage/retention_policy.py:")),
-    ("vLLM weight reload", ("engines/vllm_engine.py:reload_weights",)),
     ("Flyte bookkeeping", ("flyte/", "flyte_", "grpc/", "google/protobuf", "sqlite3", "aiosqlite", "obstore")),
 ]
 
 
+# Spans charged when their frame is anywhere in the stack, before the innermost-first pass: the
+# weight reload and the prompts' tokenisation run inside vLLM's and transformers' own frames,
+# which the pass above would charge to generation.
+ENCLOSING_SPANS: list[tuple[str, tuple[str, ...]]] = [
+    ("vLLM weight reload", ("engines/vllm_engine.py:reload_weights",)),
+    ("prompt tokenisation", ("engines/rollout.py:tokenize_prompts",)),
+]
+
+
 def _span(stack: list[str]) -> str:
+    for name, needles in ENCLOSING_SPANS:
+        if any(n in frame for frame in stack for n in needles):
+            return name
     for frame in stack:  # innermost first
         for name, needles in SPANS:
             if any(n in frame for n in needles):
