@@ -18,7 +18,9 @@ database is in WAL mode: with a rollback journal it could corrupt the file on a 
 Journal mode is a property of the database file, so ``use_wal`` sets it once with a connection of
 its own before Flyte opens the file. The synchronous level belongs to each connection and cannot
 change inside a transaction, so ``sync_flyte_connections_normally`` sets it on Flyte's
-connections as Flyte opens them, before anything else can use them.
+connections as Flyte opens them, before anything else can use them. (With ``aiosqlite``
+installed, which this project does not install, Flyte writes its cache entries through an async
+connection that keeps full syncs; the run records still go through the tuned one.)
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import contextlib
 import functools
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 
 def use_wal(db_path: Path) -> str:
@@ -51,14 +52,6 @@ def sync_normally_if_wal(conn: sqlite3.Connection) -> bool:
     return True
 
 
-async def _sync_normally_if_wal_async(conn: Any) -> None:
-    """The same for an ``aiosqlite`` connection (used by Flyte when aiosqlite is installed)."""
-    async with conn.execute("PRAGMA journal_mode") as cursor:
-        row = await cursor.fetchone()
-    if row and str(row[0]).lower() == "wal":
-        await conn.execute("PRAGMA synchronous=NORMAL")
-
-
 def sync_flyte_connections_normally() -> None:
     """Wrap Flyte's local-database openers so each new connection syncs normally in WAL mode (idempotent)."""
     from flyte._persistence._db import LocalDB
@@ -75,12 +68,10 @@ def sync_flyte_connections_normally() -> None:
             sync_normally_if_wal(LocalDB._conn_sync)
 
     @functools.wraps(open_async)
-    async def initialize_async() -> None:
+    async def initialize_async() -> None:  # only with aiosqlite installed (not in requirements.txt)
         await open_async()
         if LocalDB._conn_sync is not None:
             sync_normally_if_wal(LocalDB._conn_sync)
-        if LocalDB._conn is not None:
-            await _sync_normally_if_wal_async(LocalDB._conn)
 
     initialize_sync_inner.dapo_tuned = True  # type: ignore[attr-defined]
     LocalDB._initialize_sync_inner = staticmethod(initialize_sync_inner)
