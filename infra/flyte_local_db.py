@@ -3,9 +3,10 @@
 Run locally, Flyte 2 (2.12) records every task call in one SQLite file (``<run>/flyte/local-cache/
 cache.db``): the action's start and end, its attempt's start and end, and its cache entry, five
 commits a call and four calls a DAPO step. SQLite's defaults (a rollback journal, ``synchronous=
-FULL``) create, sync and delete a journal file on every commit: 1.5 ms a commit on a quiet disk,
-several times that while the same disk takes checkpoints, so 10-30 ms a task call and up to
-0.1 s of a ~1.6 s step on the main job (benchmarks/RESULTS.md, "Flyte's local records").
+FULL``) create, sync and delete a journal file on every commit: 1.5 ms a bare commit measured here
+with a training run beside it (0.04 ms in WAL without syncs); a trivial task call took 11-28 ms
+(4 ms after), and Flyte's bookkeeping 0.17 s of a steady main-job step under that load
+(benchmarks/RESULTS.md, "Flyte's local records in WAL mode ...").
 
 In WAL mode with ``synchronous=NORMAL`` a commit appends to the write-ahead log without syncing
 (the log is synced when it is checkpointed into the database). A commit still survives the
