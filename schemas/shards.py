@@ -312,8 +312,13 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
-        table = pq.read_table(pa.BufferReader(data), page_checksum_verification=True)
+        # Arrow-owned bytes and a plain Parquet reader, never Python bytes inside a dataset scan:
+        # a scan's pool thread can drop the last reference after the table is returned, and
+        # freeing a Python buffer there takes the GIL; if the interpreter is exiting by then,
+        # the process aborts ("terminate called without an active exception", seen under load).
+        with pa.OSFile(str(path)) as source:
+            data = source.read_buffer()
+        table = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True).read()
     except (OSError, pa.ArrowException) as err:
         raise ShardValidationError(str(path), model.__name__, [f"cannot read Parquet: {err}"]) from None
     schema = arrow_schema(model)
@@ -330,7 +335,7 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     if problems:
         raise ShardValidationError(str(path), model.__name__, problems)
     table = table.select(schema.names).replace_schema_metadata(schema.metadata)
-    sha256 = hashlib.sha256(data).hexdigest()
+    sha256 = hashlib.sha256(memoryview(data)).hexdigest()
     if (sha256, model) in _validated:
         _validated.move_to_end((sha256, model))
         return table

@@ -186,9 +186,10 @@ def test_lineage_answers_for_a_trained_sample(finished_run: RunLayout) -> None:
     assert [c["step"] for c in chain] == [2, 1, 0]
     assert chain[0]["batch"]["samples"] > 0 and "metrics" in chain[0]
     # the CLI prints the same
-    out = subprocess.run([*DAPO, "lineage", str(layout.root), "--sample", rollout_id], cwd=REPO, env=_env(),
-                         capture_output=True, text=True, check=True).stdout
-    assert json.loads(out)["trained"]["step"] == 2
+    proc = subprocess.run([*DAPO, "lineage", str(layout.root), "--sample", rollout_id], cwd=REPO, env=_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["trained"]["step"] == 2
 
 
 def _descendants(pid: int) -> list[int]:

@@ -317,3 +317,30 @@ def test_validation_does_not_retry_the_missing_pyspark_import_per_column() -> No
     assert sys.modules["pandera.engines.pyspark_engine"] is None  # an import fails at once
     with pytest.raises(ImportError):
         from pandera.engines import pyspark_engine  # noqa: F401
+
+
+def test_a_shards_bytes_are_read_into_arrow_memory_not_python_objects(tmp_path: Path) -> None:
+    """A shard's bytes must not be a Python object inside Arrow's readers.
+
+    Arrow's pool threads can drop the last reference to a reader after ``read_shard`` returns;
+    freeing a Python-owned buffer there takes the GIL, and when the interpreter is exiting by
+    then the process aborts ("terminate called without an active exception": ``dapo lineage``
+    died with SIGABRT under load in CI). tracemalloc sees Python allocations only, so reading a
+    1 MB shard whose content is already validated must not allocate anything near 1 MB there.
+    """
+    import os
+    import tracemalloc
+
+    noise = [os.urandom(2000).hex() for _ in range(500)]  # ~1 MB after compression
+    path = write_shard([problem_row(source_row=i, problem=text) for i, text in enumerate(noise)],
+                       tmp_path / "big.parquet", Problem)
+    size = path.stat().st_size
+    assert size > 900_000
+    read_shard(path, Problem)  # validated once; the second read below only parses
+    tracemalloc.start()
+    try:
+        read_shard(path, Problem)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, f"{peak} bytes of Python memory to read a {size}-byte shard"
