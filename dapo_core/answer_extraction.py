@@ -65,7 +65,9 @@ _UNBRACED_TOKEN_RE = re.compile(r"[^\s$]+")
 # from matching the words.
 _HEDGE_WORD_RE = re.compile(r"\b(?:or|and)\b", re.IGNORECASE)
 # `\\approx` states a second, approximate value ("34 \\approx 35"); LaTeX parsers keep its left side.
-_HEDGE_SYMBOL_RE = re.compile(r"\\(?:lor|vee|land|wedge|pm|mp|approx)(?![a-zA-Z])|[;\u00b1\u2213\u2248]")
+# `\\mod` puts a modulus beside the value; the grammar reads "34 \\mod 1000" as the remainder (34),
+# so "g \\mod M" would score for any gold g < M (the official scorer's strict match rejects it too).
+_HEDGE_SYMBOL_RE = re.compile(r"\\(?:lor|vee|land|wedge|pm|mp|approx|mod)(?![a-zA-Z])|[;\u00b1\u2213\u2248]")
 # Two numbers separated only by spacing or an ellipsis ("33 34", "34 \quad 35", "2 \ldots 0"): no
 # operator joins them, so they are two values; the LaTeX grammar reads them as a product or a sum
 # (2 \ldots 0 -> 2*0, which is 0), which a policy could exploit.
@@ -305,7 +307,7 @@ def looks_hedged(answer: str) -> bool:
     """True when the answer text offers more than one value.
 
     Used only when the gold answer is a single value. After thousands separators are removed,
-    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, `\\approx`, or two numbers
+    a comma, a semicolon, "or"/"and", `\\lor`/`\\vee`/`\\pm`, `\\approx`, `\\mod`, or two numbers
     separated only by spacing or an ellipsis (`\\ldots`) all count as hedging. "1,234" is one
     number and is not a hedge.
     """

@@ -53,6 +53,14 @@ def _pool_per_module() -> Iterator[None]:
         "Answer: 35 # 34",
         "Answer: 35 @ 34",
         "Answer: 35 . 34",
+        # A modulus beside the value: the LaTeX grammar reads "34 \\mod 1000" as the remainder, 34,
+        # so every gold g would score as "g \\mod M" for any M > g (hypothesis found "0\\mod2" for 0).
+        "Answer: 34 \\mod 1000",
+        "Answer: 34\\mod35",
+        "Answer: 34 \\bmod 1000",
+        "Answer: 34 \\pmod{1000}",
+        "Answer: 34 \\operatorname{mod} 1000",
+        "Answer: 34 \\mod{1000}",
         # No "Answer:" line: the line holding the last box offers two boxed values.
         "So the result is \\boxed{35} or maybe \\boxed{34}",
         "Final: \\boxed{35}\\boxed{34}",
