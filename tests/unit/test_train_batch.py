@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from dapo_core.losses import policy_loss, policy_loss_reference
@@ -42,6 +44,24 @@ def test_collate_lays_out_prompt_and_response_right_padded() -> None:
     assert batch.loss_masked.tolist() == [False, True]
     assert batch.rollout_ids == ("a", "b") and batch.num_samples == 2
     assert batch.loss_tokens == 3  # only a's three response tokens count (paper eq. 12 normaliser)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(1, 9), st.floats(-3, 3, width=32, allow_subnormal=False), st.booleans(),
+                          st.integers(0, 4)), min_size=1, max_size=12),
+       st.integers(0, 5))
+def test_collate_equals_the_per_row_reference(shapes: list[tuple[int, int, float, bool, int]], pad: int) -> None:
+    rows = [
+        _row(f"r{i}", [10 + i + k for k in range(n_p)], [50 + i * k for k in range(n_r)], adv,
+             log_probs=[-0.01 * (i + k + 1) for k in range(n_r)], loss_masked=masked, policy_version=version)
+        for i, (n_p, n_r, adv, masked, version) in enumerate(shapes)
+    ]
+    fast, slow = tb.collate(rows, pad_token_id=pad), tb.collate_reference(rows, pad_token_id=pad)
+    for field in ("input_ids", "attention_mask", "response_mask", "loss_mask", "advantages", "rollout_log_probs",
+                  "loss_masked", "policy_versions"):
+        a, b = getattr(fast, field), getattr(slow, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
+    assert fast.rollout_ids == slow.rollout_ids
 
 
 def test_select_takes_rows_and_trims_trailing_padding() -> None:
