@@ -14,6 +14,9 @@ from the pandera model); pandera runs only on a table they do not pass. Every fa
 ``ShardValidationError`` naming the file, the column and the first offending rows with their
 values.
 
+A file this process wrote and has not changed since is not parsed again: ``read_shard`` returns
+the table it wrote (schemas/fresh_tables.py).
+
 Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
 flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
 to plausible wrong values (a log-prob, a reward) that pass the schema.
@@ -36,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas import fast_checks
+from schemas import fast_checks, fresh_tables
 from schemas.disk_space import writing
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
@@ -254,8 +257,10 @@ def trust_validated(sha256s: Iterable[str], model: type) -> None:
 
 
 def forget_validated() -> None:
-    """Forget what this process validated (tests; the next read of each shard validates again)."""
+    """Forget what this process validated and wrote (tests; the next read of each shard parses
+    and validates its file again)."""
     _validated.clear()
+    fresh_tables.forget()
 
 
 def validated_sha256(path: str | Path) -> str:
@@ -301,16 +306,21 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
         raise
     _fsync_dir(path.parent)
     _remember(hashlib.sha256(data_bytes).hexdigest(), model)
+    fresh_tables.keep(path, table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model)
     return path
 
 
 def read_shard(path: str | Path, model: type) -> pa.Table:
     """Read one Parquet shard and validate it as ``model`` (exact types, no casting).
 
-    Page checksums and the exact Arrow schema are checked on every read; the model's checks
-    (pandera) once per content in this process (see the module docstring).
+    Page checksums and the exact Arrow schema are checked on every read of a file this process
+    did not just write (schemas/fresh_tables.py); the model's checks (pandera) once per content
+    in this process (see the module docstring).
     """
     path = Path(path)
+    fresh = fresh_tables.recall(path, model)
+    if fresh is not None:
+        return fresh
     try:
         # Arrow-owned bytes and a plain Parquet reader, never Python bytes inside a dataset scan:
         # a scan's pool thread can drop the last reference after the table is returned, and

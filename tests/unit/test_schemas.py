@@ -336,6 +336,7 @@ def test_a_shards_bytes_are_read_into_arrow_memory_not_python_objects(tmp_path: 
                        tmp_path / "big.parquet", Problem)
     size = path.stat().st_size
     assert size > 900_000
+    schemas.shards.forget_validated()  # not the table this process just wrote: parse the file
     read_shard(path, Problem)  # validated once; the second read below only parses
     tracemalloc.start()
     try:
@@ -344,3 +345,47 @@ def test_a_shards_bytes_are_read_into_arrow_memory_not_python_objects(tmp_path: 
     finally:
         tracemalloc.stop()
     assert peak < size / 4, f"{peak} bytes of Python memory to read a {size}-byte shard"
+
+
+def _no_parquet_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the file was parsed")
+    monkeypatch.setattr(schemas.shards.pq, "ParquetFile", refuse)
+
+
+def test_a_shard_this_process_just_wrote_is_read_back_without_parsing_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_shard([problem_row(source_row=i) for i in range(5)], tmp_path / "p.parquet", Problem)
+    schemas.shards.forget_validated()
+    parsed = read_shard(path, Problem)
+    path = write_shard([problem_row(source_row=i) for i in range(5)], tmp_path / "p.parquet", Problem)
+    with monkeypatch.context() as patch:
+        _no_parquet_parsing(patch)
+        fresh = read_shard(path, Problem)
+    assert fresh.equals(parsed) and fresh.schema.equals(parsed.schema, check_metadata=True)
+
+
+def test_a_file_replaced_or_changed_since_this_process_wrote_it_is_parsed_again(tmp_path: Path) -> None:
+    path = write_shard([problem_row(source_row=1)], tmp_path / "p.parquet", Problem)
+    # Another writer's atomic replace (a new inode): its content is read, not the remembered table.
+    other = tmp_path / "other.parquet"
+    pq.write_table(read_shard(path, Problem).set_column(2, "source_row", pa.array([7], pa.int64())), other,
+                   write_page_checksum=True)
+    other.replace(path)
+    assert read_shard(path, Problem).column("source_row").to_pylist() == [7]
+    # A write into the file (a new mtime) is parsed and its checksums checked.
+    path = write_shard([problem_row(source_row=1)], tmp_path / "q.parquet", Problem)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ShardValidationError, match="q.parquet"):
+        read_shard(path, Problem)
+
+
+def test_tables_kept_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schemas.shards.fresh_tables, "MAX_BYTES", 1)
+    path = write_shard([problem_row()], tmp_path / "p.parquet", Problem)
+    with monkeypatch.context() as patch:
+        _no_parquet_parsing(patch)
+        with pytest.raises(AssertionError, match="parsed"):
+            read_shard(path, Problem)
