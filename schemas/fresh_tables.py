@@ -10,13 +10,15 @@ atomic replace (a new inode) or any write into the file (a new mtime) makes the 
 check the file as before; a file this process did not write is always parsed and checked.
 
 Bounded by bytes (``MAX_BYTES``, oldest dropped first) so that paper-scale shards are not kept
-alive; a table larger than the bound is never kept.
+alive; a table larger than the bound is never kept. A lock guards the table: local Flyte runs
+tasks on threads (the pipelined mode's rollout beside training).
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,14 +29,19 @@ Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 _kept: collections.OrderedDict[tuple[str, type], tuple[Identity, pa.Table]] = collections.OrderedDict()
 _kept_bytes = 0
+_lock = threading.Lock()
+
+
+def identity(st: os.stat_result) -> Identity:
+    """What says a file is still the one written: a rename keeps all four, any write changes one."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _identity(path: Path) -> Identity | None:
     try:
-        st = os.stat(path)
+        return identity(os.stat(path))
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _drop(key: tuple[str, type]) -> None:
@@ -44,35 +51,43 @@ def _drop(key: tuple[str, type]) -> None:
         _kept_bytes -= entry[1].nbytes
 
 
-def keep(path: Path, table: pa.Table, model: type) -> None:
-    """Remember ``table`` as the content of ``path`` (just renamed into place by this process)."""
+def keep(path: Path, table: pa.Table, model: type, written: Identity) -> None:
+    """Remember ``table`` as the content of ``path``, which this process renamed into place from a
+    file whose identity was ``written`` (taken from the open file before the rename, so another
+    writer's file renamed over it in between is never mistaken for it)."""
     global _kept_bytes
     key = (os.path.abspath(path), model)
-    _drop(key)
-    identity = _identity(path)
-    if identity is None or table.nbytes > MAX_BYTES:
-        return
-    _kept[key] = (identity, table)
-    _kept_bytes += table.nbytes
-    while _kept_bytes > MAX_BYTES:
-        _drop(next(iter(_kept)))
+    with _lock:
+        _drop(key)
+        if table.nbytes > MAX_BYTES:
+            return
+        _kept[key] = (written, table)
+        _kept_bytes += table.nbytes
+        while _kept_bytes > MAX_BYTES:
+            _drop(next(iter(_kept)))
 
 
 def recall(path: Path, model: type) -> pa.Table | None:
     """The table this process wrote to ``path`` as ``model``, if the file is still that one."""
     key = (os.path.abspath(path), model)
-    entry = _kept.get(key)
+    with _lock:
+        entry = _kept.get(key)
     if entry is None:
         return None
     if _identity(path) != entry[0]:
-        _drop(key)
+        with _lock:
+            if _kept.get(key) is entry:
+                _drop(key)
         return None
-    _kept.move_to_end(key)
+    with _lock:
+        if key in _kept:
+            _kept.move_to_end(key)
     return entry[1]
 
 
 def forget() -> None:
     """Keep nothing (tests; the next read of each shard parses its file)."""
     global _kept_bytes
-    _kept.clear()
-    _kept_bytes = 0
+    with _lock:
+        _kept.clear()
+        _kept_bytes = 0

@@ -299,6 +299,7 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
             handle.write(data_bytes)
             handle.flush()
             os.fsync(handle.fileno())
+            written = fresh_tables.identity(os.fstat(handle.fileno()))
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; shards are meant to be shared read-only
         os.replace(tmp_name, path)
     except BaseException:
@@ -306,7 +307,8 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
         raise
     _fsync_dir(path.parent)
     _remember(hashlib.sha256(data_bytes).hexdigest(), model)
-    fresh_tables.keep(path, table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model)
+    fresh_tables.keep(path, table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model,
+                      written)
     return path
 
 

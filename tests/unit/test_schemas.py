@@ -389,3 +389,18 @@ def test_tables_kept_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.Mo
         _no_parquet_parsing(patch)
         with pytest.raises(AssertionError, match="parsed"):
             read_shard(path, Problem)
+
+
+def test_another_writers_file_renamed_over_ours_right_after_our_rename_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    theirs = write_shard([problem_row(source_row=7)], tmp_path / "theirs.parquet", Problem)
+    real_replace = schemas.shards.os.replace
+
+    def replace_then_lose_the_race(src: str, dst: str | Path) -> None:
+        real_replace(src, dst)
+        real_replace(theirs, dst)  # another process's atomic replace lands right after ours
+
+    monkeypatch.setattr(schemas.shards.os, "replace", replace_then_lose_the_race)
+    path = write_shard([problem_row(source_row=1)], tmp_path / "p.parquet", Problem)
+    monkeypatch.undo()
+    assert read_shard(path, Problem).column("source_row").to_pylist() == [7]
