@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines import mailbox_wake
 from engines.processes import process_tree
 from engines.train_worker import (
     ack_path,
@@ -123,6 +124,7 @@ class WorkerGroup:
     last_checkpoint_id: str | None = None  # the checkpoint this group last produced AND was published
     start_s: float = 0.0  # launch until ready, measured by the first request that waited for it
     history: list[str] = field(default_factory=list)  # "continued" / "reloaded" per request (tests, benchmarks)
+    wake_fd: int | None = None  # the owner's FIFO (engines/mailbox_wake.py): results end the wait at once
 
     @property
     def alive(self) -> bool:
@@ -144,6 +146,7 @@ class WorkerGroup:
         self.next_request += 1
         write_text(request_path(self.serve_dir, n),
                    json.dumps({"op": "run", "spec": spec, "continue_in_memory": continue_in_memory}))
+        self._poke_ranks()
         t0 = time.perf_counter()
         # Until every rank acknowledged, silence means a hung group (or, for a new group, one still
         # starting: that wait counts against the step's own time limit, as a cold launch's does).
@@ -176,7 +179,11 @@ class WorkerGroup:
             if now - t0 > timeout_s:
                 self.kill()
                 raise GroupTimeout(f"ran past {timeout_s} s")
-            time.sleep(_POLL_S)
+            mailbox_wake.wait(self.wake_fd, _POLL_S)
+
+    def _poke_ranks(self) -> None:
+        for rank in range(self.num_processes):
+            mailbox_wake.poke(mailbox_wake.rank_fifo(self.serve_dir, rank))
 
     def stop(self) -> None:
         """Ask the workers to exit; kill them if they do not within STOP_TIMEOUT_S. Idempotent."""
@@ -186,6 +193,7 @@ class WorkerGroup:
             try:
                 write_text(request_path(self.serve_dir, self.next_request), json.dumps({"op": "stop"}))
                 self.next_request += 1
+                self._poke_ranks()
             except OSError:
                 pass
             self._wait_exit(STOP_TIMEOUT_S)
@@ -193,8 +201,11 @@ class WorkerGroup:
         shutil.rmtree(self.serve_dir, ignore_errors=True)
 
     def kill(self) -> None:
-        """SIGKILL torchrun and every rank, then reap it."""
+        """SIGKILL torchrun and every rank, then reap it (and stop listening for their pokes)."""
         kill_tree(self.proc)
+        if self.wake_fd is not None:
+            os.close(self.wake_fd)
+            self.wake_fd = None
 
     def log_tail(self, lines: int = 30) -> str:
         return self.log.tail(lines)
@@ -240,6 +251,8 @@ def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], en
     spec = {**engine_spec, "metrics_path": "", "error_path": "", "serve_dir": str(serve_dir), "owner_pid": owner, "owner_start_ticks": process_start_ticks(owner)}
     spec_path = serve_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
+    for fifo in [mailbox_wake.owner_fifo(serve_dir), *(mailbox_wake.rank_fifo(serve_dir, r) for r in range(num_processes))]:
+        mailbox_wake.make(fifo)
     cmd = torchrun_command(num_processes, spec_path)
     log = WorkerLog.open(serve_dir, f"DeepSpeed workers: warm group of {num_processes} rank(s), pid {owner}")
     with log.path.open("ab") as handle:
@@ -247,7 +260,8 @@ def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], en
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return WorkerGroup(key=key, num_processes=num_processes, serve_dir=serve_dir, proc=proc, owner_pid=owner,
-                       log=log, started_s=time.perf_counter())
+                       log=log, started_s=time.perf_counter(),
+                       wake_fd=mailbox_wake.listen(mailbox_wake.owner_fifo(serve_dir)))
 
 
 _lock = threading.RLock()  # Flyte may run tasks in threads; one request at a time per group

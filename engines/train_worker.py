@@ -20,9 +20,11 @@ writes the message to ``error_path``.rankR for the parent to report.
 **Serve mode** (``serve_dir`` set in the spec; ``engines/train_server.py`` launches it when
 ``TrainConfig.keep_workers_warm``): the processes stay alive after a step and take further
 requests from a file mailbox, so the ~4 s of process start/imports and the engine construction
-are paid once per run instead of once per step. Each rank polls ``serve_dir`` for
+are paid once per run instead of once per step. Each rank waits in ``serve_dir`` for
 ``request-NNNNNN.json`` (written atomically by the owner), acknowledges it, runs it exactly like
-a cold launch, and rank 0 writes ``result-NNNNNN.json`` atomically. Every rank polls the file
+a cold launch, and rank 0 writes ``result-NNNNNN.json`` atomically. The writer of a file pokes
+the waiter's FIFO, so a wait ends when the file lands rather than at the next look
+(engines/mailbox_wake.py; the timed look stays as the fallback). Every rank polls the file
 itself instead of waiting in a broadcast from rank 0: the pause between steps (rollout, scoring)
 can be longer than any collective timeout, and torchrun's ``--standalone`` group is one machine.
 A request continues from the in-memory engine only when the owner says its parent is the
@@ -53,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 import schemas
+from engines import mailbox_wake
 from engines.train_dist import all_reduce_scalars, init_process
 from engines.train_spec import WorkerSpec
 from engines.train_step import StepRunner
@@ -155,10 +158,10 @@ def error_prefix(serve_dir: str | Path, n: int) -> Path:
 POLL_S = 0.02  # serve mode: how often an idle rank looks for the next request
 
 
-def _wait_request(serve_dir: Path, n: int) -> dict[str, Any]:
+def _wait_request(serve_dir: Path, n: int, wake_fd: int | None) -> dict[str, Any]:
     path = request_path(serve_dir, n)
     while not path.is_file():
-        time.sleep(POLL_S)
+        mailbox_wake.wait(wake_fd, POLL_S)  # the owner pokes this rank's FIFO after writing a request
     return json.loads(path.read_text())
 
 
@@ -174,11 +177,12 @@ def _serve(base: WorkerSpec, rank: int) -> None:
     assert base.serve_dir is not None
     serve_dir = Path(base.serve_dir)
     runner: StepRunner | None = None
+    wake_fd = mailbox_wake.listen(mailbox_wake.rank_fifo(serve_dir, rank))
     _preload()
     dist.barrier()  # every rank joined before the first acknowledgement
     n = 0
     while True:
-        request = _wait_request(serve_dir, n)
+        request = _wait_request(serve_dir, n, wake_fd)
         ack_path(serve_dir, n, rank).write_text("")
         if request.get("op") == "stop":
             return
@@ -202,8 +206,11 @@ def _serve(base: WorkerSpec, rank: int) -> None:
                 runner = StepRunner(spec)
             load_s = time.perf_counter() - t0
             run_request(runner, spec, load_s, {"continued_in_memory": continued, "serve_request": n})
+            if rank == 0:
+                mailbox_wake.poke(mailbox_wake.owner_fifo(serve_dir))  # the result is written
         except Exception as err:
             Path(f"{spec.error_path}.rank{rank}").write_text(f"{type(err).__name__}: {err}\n\n{traceback.format_exc()}")
+            mailbox_wake.poke(mailbox_wake.owner_fifo(serve_dir))
             raise
         n += 1
 

@@ -603,6 +603,19 @@ def test_hung_group_is_killed_and_the_step_runs_cold(runs: dict, warm_vs_cold: d
     assert _same_weights(res.checkpoint_dir, warm_vs_cold["c2"].checkpoint_dir)
 
 
+def test_the_owner_is_woken_by_the_result_not_by_its_polling_timer(runs: dict, warm_vs_cold: dict, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    # The owner now looks for the result only every 2 minutes on its own: rank 0's poke of the
+    # owner's FIFO (engines/mailbox_wake.py) must end the wait as soon as the result is written.
+    monkeypatch.setattr(train_server, "_POLL_S", 120.0)
+    t0 = time.monotonic()
+    res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "woken", step=1, config=CONFIG)
+    assert time.monotonic() - t0 < 60.0, "the result did not wake the owner"
+    assert _same_weights(res.checkpoint_dir, warm_vs_cold["c1"].checkpoint_dir)
+
+
 _OWNER_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
