@@ -1,13 +1,25 @@
-"""Tables this process just wrote, handed back when it reads the same file again.
+"""Tables this process wrote or already read and checked, handed back while their file is unchanged.
 
 In local Flyte mode the driver runs every task in-process, and a step reads back much of what it
 wrote moments before: the scorer reads the rollout shard, the batch task and the driver read the
-scored shards, the driver reads the batch twice. Each such read parsed the file again, checked
-its page checksums and hashed it (~2-3 ms a shard on 2 cores) to get the table the process
-already held. ``read_shard`` now returns that table while the file is still the one written: the
-same device, inode, size and modification time (ns) as right after the rename. Another writer's
-atomic replace (a new inode) or any write into the file (a new mtime) makes the read parse and
-check the file as before; a file this process did not write is always parsed and checked.
+scored shards, the driver reads the batch twice and each checkpoint's metrics shard (written in a
+staging folder that is then renamed into place), and every step reads the curated problems again.
+Each such read parsed the file, checked its page checksums and hashed it (~2-5 ms a shard on 2
+cores) to get a table the process already held. ``read_shard`` now returns that table while the
+file is the same file object: the same device, inode, size and modification time (ns). A rename of
+the file or of a folder above it keeps all four; another writer's atomic replace (a new inode) or
+any write into the file (a new mtime) makes the next read parse and check the file as before.
+
+Tables are keyed by that identity, not by path, so a shard published by renaming its folder is
+recognised at its new path. The identity of a table this process wrote is taken from the open
+file before the rename (another writer's file renamed over ours right after is never mistaken for
+it); of a table it read, from the path before and after the read, kept only when both agree (a
+file replaced while it was read is parsed again next time).
+
+A write into a file within one tick of the filesystem's clock could keep its mtime on kernels
+with coarse timestamps; the pipeline never writes a shard in place (every write is a new file
+renamed into place), so this only matters for files edited by hand, which then are parsed again
+from the next tick on.
 
 Bounded by bytes (``MAX_BYTES``, oldest dropped first) so that paper-scale shards are not kept
 alive; a table larger than the bound is never kept. A lock guards the table: local Flyte runs
@@ -27,62 +39,58 @@ MAX_BYTES = 64 * 1024 * 1024  # Arrow bytes of the tables kept, all together
 
 Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
-_kept: collections.OrderedDict[tuple[str, type], tuple[Identity, pa.Table]] = collections.OrderedDict()
+_Key = tuple[Identity, type]
+_kept: collections.OrderedDict[_Key, pa.Table] = collections.OrderedDict()
 _kept_bytes = 0
 _lock = threading.Lock()
 
 
 def identity(st: os.stat_result) -> Identity:
-    """What says a file is still the one written: a rename keeps all four, any write changes one."""
+    """What says a file is still the one seen: a rename keeps all four, any write changes one."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _identity(path: Path) -> Identity | None:
+def identity_of(path: Path) -> Identity | None:
+    """The identity of the file at ``path`` now; None when there is none."""
     try:
         return identity(os.stat(path))
     except OSError:
         return None
 
 
-def _drop(key: tuple[str, type]) -> None:
+def _drop(key: _Key) -> None:
     global _kept_bytes
-    entry = _kept.pop(key, None)
-    if entry is not None:
-        _kept_bytes -= entry[1].nbytes
+    table = _kept.pop(key, None)
+    if table is not None:
+        _kept_bytes -= table.nbytes
 
 
-def keep(path: Path, table: pa.Table, model: type, written: Identity) -> None:
-    """Remember ``table`` as the content of ``path``, which this process renamed into place from a
-    file whose identity was ``written`` (taken from the open file before the rename, so another
-    writer's file renamed over it in between is never mistaken for it)."""
+def keep(table: pa.Table, model: type, seen: Identity) -> None:
+    """Remember ``table`` as the ``model`` content of the file whose identity is ``seen`` (taken
+    from the open file this process wrote, or before and after a read that checked the file)."""
     global _kept_bytes
-    key = (os.path.abspath(path), model)
+    key = (seen, model)
     with _lock:
         _drop(key)
         if table.nbytes > MAX_BYTES:
             return
-        _kept[key] = (written, table)
+        _kept[key] = table
         _kept_bytes += table.nbytes
         while _kept_bytes > MAX_BYTES:
             _drop(next(iter(_kept)))
 
 
 def recall(path: Path, model: type) -> pa.Table | None:
-    """The table this process wrote to ``path`` as ``model``, if the file is still that one."""
-    key = (os.path.abspath(path), model)
-    with _lock:
-        entry = _kept.get(key)
-    if entry is None:
+    """The table kept for the file now at ``path`` as ``model``, if that file is one seen."""
+    now = identity_of(path)
+    if now is None:
         return None
-    if _identity(path) != entry[0]:
-        with _lock:
-            if _kept.get(key) is entry:
-                _drop(key)
-        return None
+    key = (now, model)
     with _lock:
-        if key in _kept:
+        table = _kept.get(key)
+        if table is not None:
             _kept.move_to_end(key)
-    return entry[1]
+    return table
 
 
 def forget() -> None:

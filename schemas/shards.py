@@ -14,8 +14,9 @@ from the pandera model); pandera runs only on a table they do not pass. Every fa
 ``ShardValidationError`` naming the file, the column and the first offending rows with their
 values.
 
-A file this process wrote and has not changed since is not parsed again: ``read_shard`` returns
-the table it wrote (schemas/fresh_tables.py).
+A file this process wrote, or already read and checked, is not parsed again while it is the same
+file (a rename, also of a folder above it, keeps it so): ``read_shard`` returns the table it
+holds (schemas/fresh_tables.py).
 
 Every data page carries a CRC-32 (``write_page_checksum``) that ``read_shard`` verifies, so
 flipped bytes in a shard (bit rot, a bad copy) fail the read naming the file instead of decoding
@@ -307,22 +308,23 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
         raise
     _fsync_dir(path.parent)
     _remember(hashlib.sha256(data_bytes).hexdigest(), model)
-    fresh_tables.keep(path, table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model,
-                      written)
+    fresh_tables.keep(table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model, written)
     return path
 
 
 def read_shard(path: str | Path, model: type) -> pa.Table:
     """Read one Parquet shard and validate it as ``model`` (exact types, no casting).
 
-    Page checksums and the exact Arrow schema are checked on every read of a file this process
-    did not just write (schemas/fresh_tables.py); the model's checks (pandera) once per content
-    in this process (see the module docstring).
+    Page checksums and the exact Arrow schema are checked on the first read of a file in this
+    process unless this process wrote it; later reads of the unchanged file get the checked table
+    back (schemas/fresh_tables.py). The model's checks (pandera) run once per content in this
+    process (see the module docstring).
     """
     path = Path(path)
     fresh = fresh_tables.recall(path, model)
     if fresh is not None:
         return fresh
+    seen = fresh_tables.identity_of(path)
     try:
         # Arrow-owned bytes and a plain Parquet reader, never Python bytes inside a dataset scan:
         # a scan's pool thread can drop the last reference after the table is returned, and
@@ -350,9 +352,11 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     sha256 = hashlib.sha256(memoryview(data)).hexdigest()
     if (sha256, model) in _validated:
         _validated.move_to_end((sha256, model))
-        return table
-    validate_table(table, model, str(path))
-    _remember(sha256, model)
+    else:
+        validate_table(table, model, str(path))
+        _remember(sha256, model)
+    if seen is not None and fresh_tables.identity_of(path) == seen:  # not replaced while read
+        fresh_tables.keep(table, model, seen)
     return table
 
 

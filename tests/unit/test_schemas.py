@@ -338,6 +338,7 @@ def test_a_shards_bytes_are_read_into_arrow_memory_not_python_objects(tmp_path: 
     assert size > 900_000
     schemas.shards.forget_validated()  # not the table this process just wrote: parse the file
     read_shard(path, Problem)  # validated once; the second read below only parses
+    schemas.shards.fresh_tables.forget()  # ... and parses: no table kept from the first read
     tracemalloc.start()
     try:
         read_shard(path, Problem)
@@ -404,3 +405,54 @@ def test_another_writers_file_renamed_over_ours_right_after_our_rename_is_read(
     path = write_shard([problem_row(source_row=1)], tmp_path / "p.parquet", Problem)
     monkeypatch.undo()
     assert read_shard(path, Problem).column("source_row").to_pylist() == [7]
+
+
+def test_a_shard_whose_folder_was_renamed_after_the_write_is_read_back_without_parsing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A checkpoint's metrics shard is written in a staging folder that is then renamed into place
+    # (storage/checkpoints.publish): the file is the same one, only its path changed.
+    staged = write_shard([problem_row(source_row=3)], tmp_path / "staging" / "m.parquet", Problem)
+    (tmp_path / "staging").rename(tmp_path / "published")
+    with monkeypatch.context() as patch:
+        _no_parquet_parsing(patch)
+        table = read_shard(tmp_path / "published" / "m.parquet", Problem)
+    assert table.column("source_row").to_pylist() == [3]
+    assert not staged.exists()
+
+
+def _foreign_shard(path: Path, source_row: int) -> Path:
+    """A valid Problem shard written by another process (not through write_shard)."""
+    rows = pa.Table.from_pylist([problem_row(source_row=source_row)], schema=arrow_schema(Problem))
+    tmp = path.with_name(f".{path.name}.{source_row}.tmp")
+    pq.write_table(rows, tmp, write_page_checksum=True)
+    tmp.replace(path)
+    return path
+
+
+def test_a_file_read_and_checked_once_is_not_parsed_again_while_it_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _foreign_shard(tmp_path / "train.parquet", 1)
+    first = read_shard(path, Problem)  # parsed, checksums and types checked, validated
+    with monkeypatch.context() as patch:
+        _no_parquet_parsing(patch)
+        again = read_shard(path, Problem)
+    assert again.equals(first) and again.schema.equals(first.schema, check_metadata=True)
+    # Another writer's new file at the path is parsed, and its content returned.
+    _foreign_shard(path, 2)
+    assert read_shard(path, Problem).column("source_row").to_pylist() == [2]
+
+
+def test_a_file_replaced_while_it_is_being_read_is_not_remembered_as_the_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _foreign_shard(tmp_path / "train.parquet", 1)
+    real_parquet_file = schemas.shards.pq.ParquetFile
+
+    def parse_then_lose_the_race(*args: Any, **kwargs: Any) -> Any:
+        parsed = real_parquet_file(*args, **kwargs)
+        _foreign_shard(path, 2)  # another process's atomic replace lands while we parse the old bytes
+        return parsed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(schemas.shards.pq, "ParquetFile", parse_then_lose_the_race)
+        assert read_shard(path, Problem).column("source_row").to_pylist() == [1]
+    assert read_shard(path, Problem).column("source_row").to_pylist() == [2]
