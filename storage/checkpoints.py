@@ -9,6 +9,8 @@ a folder without ``dapo_checkpoint.json`` is never treated as a checkpoint.
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +25,7 @@ from storage import run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
+_FSYNC_THREADS = 8  # files fsynced at once when a checkpoint is published
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,39 @@ def staging_dir(final_dir: str | Path) -> Path:
     return path
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(path: Path) -> None:
+    """Put a folder's entries on disk, where the filesystem allows it (some refuse to open or
+    fsync a folder; a rename is still atomic there)."""
+    try:
+        _fsync(path)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTSUP):
+            raise
+
+
 def _fsync_tree(folder: Path) -> None:
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            with path.open("rb") as fh:
-                os.fsync(fh.fileno())
+    """Put ``folder``'s files, then its folders' entries, on disk.
+
+    The files were written by other processes (the training workers) moments before, so most of
+    their bytes are still dirty in the page cache: fsyncing them one after another waits for each
+    write-back in turn (~40 ms a step for the tiny policy's 16 MB on 2 cores); several at once let
+    the device overlap them (~15 ms). ``os.fsync`` releases the GIL.
+    """
+    paths = sorted(folder.rglob("*"))
+    files = sorted((p for p in paths if p.is_file() and not p.is_symlink()), key=lambda p: -p.stat().st_size)
+    if files:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(files))) as pool:
+            list(pool.map(_fsync, files))  # re-raises the first error
+    for path in sorted((p for p in paths if p.is_dir() and not p.is_symlink()), reverse=True) + [folder]:
+        _fsync_folder(path)
 
 
 def _make_readable(folder: Path) -> None:
@@ -133,6 +164,7 @@ def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) ->
             return final_dir
         shutil.rmtree(final_dir)
     os.replace(staging, final_dir)
+    _fsync_folder(final_dir.parent)  # the rename itself
     return final_dir
 
 

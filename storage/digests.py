@@ -16,6 +16,7 @@ stores checksum objects themselves); ``deep=True`` downloads and hashes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from storage import run_store
 
 RECORD_SUFFIX = ".sha256.json"
 _CHUNK_BYTES = 1 << 20
+_HASH_THREADS = 4  # large files hashed at once by describe()
 
 
 def record_path(path: str | os.PathLike[str]) -> str:
@@ -56,13 +58,29 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         return _sha256_of(handle)
 
 
+def file_sha256s(paths: Sequence[Path]) -> list[str]:
+    """``[file_sha256(p) for p in paths]``, hashing files of a MiB or more several at once.
+
+    A checkpoint's record hashes its weights and optimizer state (16 MB for the tiny policy,
+    ~10 ms a step one after another): ``hashlib`` and file reads release the GIL, so threads
+    overlap them on the cores the step leaves idle at that moment.
+    """
+    big = [p for p in paths if p.stat().st_size >= _CHUNK_BYTES]
+    if len(big) < 2:
+        return [file_sha256(p) for p in paths]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(_HASH_THREADS, len(big))) as pool:
+        hashed = dict(zip(big, pool.map(file_sha256, big)))
+    return [hashed[p] if p in hashed else file_sha256(p) for p in paths]
+
+
 def describe(local: Path, name: str) -> dict[str, dict[str, Any]]:
     """``{"<name>[/<relpath>]": {"bytes", "sha256"}}`` for the local file or folder ``local``."""
     if local.is_file():
         files = {name: local}
     else:
         files = {f"{name}/{p.relative_to(local).as_posix()}": p for p in sorted(local.rglob("*")) if p.is_file()}
-    return {key: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for key, p in files.items()}
+    sha256s = file_sha256s(list(files.values()))
+    return {key: {"bytes": p.stat().st_size, "sha256": sha} for (key, p), sha in zip(files.items(), sha256s)}
 
 
 def record(path: str | os.PathLike[str], local: Path | None = None) -> dict[str, Any] | None:

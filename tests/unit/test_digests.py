@@ -279,3 +279,17 @@ def test_every_stage_task_takes_the_upstream_digest_last() -> None:
 
     for task in (curate, bootstrap, rollout, score, assemble_batch, train, evaluate):
         assert list(inspect.signature(task.func).parameters)[-1] == "upstream_digest", task.name
+
+
+def test_file_sha256s_hashes_big_files_at_once_and_gives_what_one_at_a_time_gives(tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    sizes = [3 << 20, 10, (1 << 20) + 7, 0, 2 << 20, 1 << 20]
+    paths = []
+    for i, size in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(os.urandom(size))
+    assert digests.file_sha256s(paths) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    assert digests.file_sha256s(paths[::-1]) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths[::-1]]
+    assert digests.file_sha256s([]) == []
