@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas import fast_checks, fresh_tables
+from schemas.fsync import fsync_folder
 from schemas.disk_space import writing
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
@@ -272,17 +273,6 @@ def validated_sha256(path: str | Path) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # some filesystems do not allow opening a directory; the rename is still atomic
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
     """Validate ``data`` as ``model`` and write it to ``path`` atomically (temp, fsync, rename).
 
@@ -306,7 +296,7 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_folder(path.parent)
     _remember(hashlib.sha256(data_bytes).hexdigest(), model)
     fresh_tables.keep(table.combine_chunks().replace_schema_metadata(arrow_schema(model).metadata), model, written)
     return path

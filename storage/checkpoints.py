@@ -10,7 +10,6 @@ a folder without ``dapo_checkpoint.json`` is never treated as a checkpoint.
 from __future__ import annotations
 
 import concurrent.futures
-import errno
 import hashlib
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.disk_space import writing
+from schemas.fsync import fsync_file, fsync_folder
 from storage import run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
@@ -92,24 +92,6 @@ def staging_dir(final_dir: str | Path) -> Path:
     return path
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_folder(path: Path) -> None:
-    """Put a folder's entries on disk, where the filesystem allows it (some refuse to open or
-    fsync a folder; a rename is still atomic there)."""
-    try:
-        _fsync(path)
-    except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTSUP):
-            raise
-
-
 def _fsync_tree(folder: Path) -> None:
     """Put ``folder``'s files, then its folders' entries, on disk.
 
@@ -122,9 +104,9 @@ def _fsync_tree(folder: Path) -> None:
     files = sorted((p for p in paths if p.is_file() and not p.is_symlink()), key=lambda p: -p.stat().st_size)
     if files:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(files))) as pool:
-            list(pool.map(_fsync, files))  # re-raises the first error
+            list(pool.map(fsync_file, files))  # re-raises the first error
     for path in sorted((p for p in paths if p.is_dir() and not p.is_symlink()), reverse=True) + [folder]:
-        _fsync_folder(path)
+        fsync_folder(path)
 
 
 def _make_readable(folder: Path) -> None:
@@ -164,7 +146,7 @@ def publish(staging: str | Path, final_dir: str | Path, info: CheckpointInfo) ->
             return final_dir
         shutil.rmtree(final_dir)
     os.replace(staging, final_dir)
-    _fsync_folder(final_dir.parent)  # the rename itself
+    fsync_folder(final_dir.parent)  # the rename itself
     return final_dir
 
 
