@@ -41,8 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas import fast_checks, fresh_tables
-from schemas.fsync import fsync_folder
 from schemas.disk_space import writing
+from schemas.fsync import fsync_folder
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
 
 ShardData = pa.Table | pd.DataFrame | list[dict[str, Any]]
