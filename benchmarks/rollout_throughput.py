@@ -43,10 +43,14 @@ import torch  # noqa: E402
 from engines import tiny_policy, vllm_engine
 
 
+MODES = ("pipeline", "seeds", "logprobs", "plain")
+
+
 def _build(folder: Path, args: argparse.Namespace, seed: int) -> Path:
     tok = tiny_policy.build_tokenizer()
     model = tiny_policy.build_random_model(tok, seed=seed, num_layers=args.layers, hidden_size=args.hidden,
-                                           num_heads=args.hidden // 64)
+                                           num_heads=args.hidden // 64,
+                                           max_positions=max(tiny_policy.DEFAULT_MAX_POSITIONS, 64 + args.tokens))
     model = model.to(getattr(torch, args.dtype))
     model.config.dtype = args.dtype
     return tiny_policy.save_checkpoint(model, tok, folder, step=0, produced_by="bootstrap",
@@ -63,6 +67,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="vLLM sampling modes to time")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_throughput.json"))
     args = parser.parse_args()
     torch.set_flush_denormal(True)
@@ -98,7 +103,12 @@ def main() -> int:
 
     from vllm import SamplingParams
 
-    settings = vllm_engine.EngineSettings(dtype=args.dtype, max_model_len=256, cpu_threads=args.threads)
+    max_model_len = max(len(p) for p in prompt_ids) + args.tokens  # the longest request fits, whatever --tokens is
+    # KV cache for every sequence at once (keys and values, every layer), so that no request is preempted.
+    kv_bytes = (args.prompts * args.samples * max_model_len * args.layers * 2 * args.hidden
+                * torch.tensor([], dtype=getattr(torch, args.dtype)).element_size())
+    settings = vllm_engine.EngineSettings(dtype=args.dtype, max_model_len=max_model_len, cpu_threads=args.threads,
+                                          cpu_kvcache_gib=max(1, -(-kv_bytes // 2**30)))
     started = time.perf_counter()
     llm = vllm_engine.create_engine(ckpt_a, settings)
     start_s = time.perf_counter() - started
@@ -121,7 +131,7 @@ def main() -> int:
         outs = llm.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    modes = ("pipeline", "seeds", "logprobs", "plain")
+    modes = tuple(args.modes)
     runs = []
     for repeat in range(args.repeats):
         run: dict = {"repeat": repeat, "load_average": [round(x, 2) for x in os.getloadavg()]}
