@@ -133,7 +133,7 @@ def batch_sha256_of(shards: Sequence[str | Path]) -> str:
     """One sha256 over the batch shards' bytes, in order (what a published step was trained on)."""
     digest = hashlib.sha256()
     for shard in shards:
-        digest.update(digests.file_sha256(Path(shard)).encode())
+        digest.update(digests.known_file_sha256(Path(shard)).encode())
     return digest.hexdigest()
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 from schemas.disk_space import writing
 from schemas.fsync import fsync_file, fsync_folder
-from storage import run_store
+from storage import digests, run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
 _FSYNC_THREADS = 8  # files fsynced at once when a checkpoint is published
+_HASH_AHEAD_BYTES = 1 << 20  # files at least this large are hashed while the publish fsyncs
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,7 @@ def weights_digest(folder: str | Path) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode())
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(chunk)
+        digests.file_sha256(path, feed=digest)  # the same read gives the file's own sha256 for its record
     return digest.hexdigest()[:16]
 
 

@@ -20,6 +20,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -45,21 +46,57 @@ def _parent_and_name(path: str | os.PathLike[str]) -> tuple[str, str]:
     return str(local.parent), local.name
 
 
-def _sha256_of(handle: BinaryIO) -> str:
+def _sha256_of(handle: BinaryIO, feed: Any = None) -> str:
     digest = hashlib.sha256()
     for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
         digest.update(chunk)
+        if feed is not None:
+            feed.update(chunk)
     return digest.hexdigest()
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 (hex) of a local file, read in 1 MiB chunks."""
+# sha256s this process took, by file identity (device, inode, size, modification time in ns), so
+# that a file hashed for one purpose is not read again for another: a checkpoint's weights are
+# hashed for its id (storage/checkpoints.py) and then for its record, the 65 GB of a paper-scale
+# policy twice a step otherwise. A rewritten or replaced file has another identity.
+_KNOWN_SHA256S: dict[tuple[int, int, int, int], str] = {}
+_KNOWN_MAX = 512
+_KNOWN_LOCK = threading.Lock()
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def file_sha256(path: str | os.PathLike[str], *, feed: Any = None) -> str:
+    """sha256 (hex) of a local file, read in 1 MiB chunks (always read: checks rely on it).
+
+    ``feed``, another hash object, is updated with the same bytes (one read for two digests).
+    The result is remembered for :func:`known_file_sha256` when the file did not change while read.
+    """
     with open(path, "rb") as handle:
-        return _sha256_of(handle)
+        before = _identity(os.fstat(handle.fileno()))
+        sha256 = _sha256_of(handle, feed)
+        after = _identity(os.fstat(handle.fileno()))
+    if before == after:
+        with _KNOWN_LOCK:
+            if len(_KNOWN_SHA256S) >= _KNOWN_MAX:
+                del _KNOWN_SHA256S[next(iter(_KNOWN_SHA256S))]  # the oldest
+            _KNOWN_SHA256S[after] = sha256
+    return sha256
+
+
+def known_file_sha256(path: str | os.PathLike[str]) -> str:
+    """``file_sha256(path)``, without reading the file again when this process hashed it unchanged
+    (same device, inode, size and modification time). For records and cache keys of files this
+    process just wrote or hashed; a check against a record always reads (:func:`check`)."""
+    with _KNOWN_LOCK:
+        known = _KNOWN_SHA256S.get(_identity(os.stat(path)))
+    return known if known is not None else file_sha256(path)
 
 
 def file_sha256s(paths: Sequence[Path]) -> list[str]:
-    """``[file_sha256(p) for p in paths]``, hashing files of a MiB or more several at once.
+    """``[known_file_sha256(p) for p in paths]``, hashing files of a MiB or more several at once.
 
     A checkpoint's record hashes its weights and optimizer state (16 MB for the tiny policy,
     ~10 ms a step one after another): ``hashlib`` and file reads release the GIL, so threads
@@ -67,10 +104,10 @@ def file_sha256s(paths: Sequence[Path]) -> list[str]:
     """
     big = [p for p in paths if p.stat().st_size >= _CHUNK_BYTES]
     if len(big) < 2:
-        return [file_sha256(p) for p in paths]
+        return [known_file_sha256(p) for p in paths]
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(_HASH_THREADS, len(big))) as pool:
-        hashed = dict(zip(big, pool.map(file_sha256, big)))
-    return [hashed[p] if p in hashed else file_sha256(p) for p in paths]
+        hashed = dict(zip(big, pool.map(known_file_sha256, big)))
+    return [hashed[p] if p in hashed else known_file_sha256(p) for p in paths]
 
 
 def describe(local: Path, name: str) -> dict[str, dict[str, Any]]:
@@ -173,7 +210,7 @@ def upstream_digest(paths: Sequence[str | os.PathLike[str]]) -> str:
         if run_store.exists(rec):
             digest.update(run_store.read_text(rec).encode())
         elif not run_store.is_remote(path) and Path(path).is_file():
-            digest.update(file_sha256(Path(path)).encode())
+            digest.update(known_file_sha256(Path(path)).encode())
         elif not run_store.is_remote(path) and Path(path).is_dir():
             digest.update(folder_fingerprint(Path(path)).encode())
         else:

@@ -293,3 +293,71 @@ def test_file_sha256s_hashes_big_files_at_once_and_gives_what_one_at_a_time_give
     assert digests.file_sha256s(paths) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
     assert digests.file_sha256s(paths[::-1]) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths[::-1]]
     assert digests.file_sha256s([]) == []
+
+
+def test_a_checkpoints_weights_are_read_once_for_its_id_and_its_record(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The id's digest and the record's sha256 come from one read (a paper-scale policy's 65 GB
+    were read twice a step), and the id stays sha256 over the weight files' names and bytes."""
+    import builtins
+    import hashlib
+    import io
+    import os
+
+    from storage import checkpoints
+
+    folder = tmp_path / "step-0001"
+    folder.mkdir()
+    weights = folder / "model.safetensors"
+    weights.write_bytes(os.urandom((2 << 20) + 5))
+    (folder / "config.json").write_text("{}")
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "r" in mode and Path(file).name == weights.name:
+            reads.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    checkpoint_id = checkpoints.make_checkpoint_id("train", 1, folder)
+    entry = digests.record(str(folder))
+    monkeypatch.undo()
+
+    want = hashlib.sha256(b"model.safetensors" + weights.read_bytes()).hexdigest()[:16]
+    assert checkpoint_id == f"train-0001-{want}"
+    assert entry is not None
+    assert entry["files"]["step-0001/model.safetensors"]["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert len(reads) == 1, reads
+
+
+def test_a_file_rewritten_since_it_was_hashed_is_hashed_again(tmp_path: Path) -> None:
+    import hashlib
+    import os
+
+    path = tmp_path / "round-00.parquet"
+    path.write_bytes(b"a" * 1000)
+    assert digests.known_file_sha256(path) == hashlib.sha256(b"a" * 1000).hexdigest()
+    stamp = path.stat().st_mtime_ns
+    path.write_bytes(b"b" * 1000)  # same size, same inode
+    os.utime(path, ns=(stamp + 1_000_000_000, stamp + 1_000_000_000))  # even where mtimes are coarse
+    assert digests.known_file_sha256(path) == hashlib.sha256(b"b" * 1000).hexdigest()
+    replacement = tmp_path / "new"
+    replacement.write_bytes(b"c" * 1000)
+    os.replace(replacement, path)  # another inode
+    assert digests.known_file_sha256(path) == hashlib.sha256(b"c" * 1000).hexdigest()
+
+
+def test_a_deep_check_reads_the_bytes_even_of_a_file_that_looks_unchanged(tmp_path: Path) -> None:
+    """Remembered sha256s serve records and cache keys only: damage that keeps the size and the
+    modification time (bytes flipped, then the time put back) is still found."""
+    import os
+
+    path = str(tmp_path / "round-00.parquet")
+    with run_store.output(path) as local:
+        local.write_bytes(os.urandom(4096))
+    stamp = Path(path).stat().st_mtime_ns
+    _flip(path)
+    os.utime(path, ns=(stamp, stamp))
+    assert digests.check(path, deep=True) == [f"{path}: damaged (sha256 differs from the recorded {_sha(path)}...)"]
