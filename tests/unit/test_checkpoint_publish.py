@@ -47,3 +47,39 @@ def test_every_file_and_folder_is_fsynced_before_the_checkpoint_is_renamed_into_
     # After the rename, the parent folder that now names the checkpoint.
     assert str(final.parent) in synced[synced.index("<rename>") + 1:]
     assert checkpoints.read_info(final).checkpoint_id == "train-0003-abc"
+
+
+def test_the_record_after_a_publish_does_not_read_the_large_files_again(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publish hashes the files of a MiB or more while their fsyncs wait for the device; the
+    digest record written next (as run_store.output does after a train task) reuses those sha256s
+    and records exactly what hashing the published files gives."""
+    import builtins
+    import hashlib
+    import io
+    from typing import Any
+
+    from storage import digests
+
+    staging, _ = _staging(tmp_path)
+    final = tmp_path / "checkpoints" / "step-0003"
+    info = checkpoints.CheckpointInfo(checkpoint_id=checkpoints.make_checkpoint_id("train", 3, staging), step=3,
+                                      parent_checkpoint_id="train-0002-x", produced_by="train")
+    checkpoints.publish(staging, final, info)
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "r" in mode and "b" in mode:
+            reads.append(Path(file).name)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    entry = digests.record(str(final))
+    monkeypatch.undo()
+
+    assert entry is not None
+    for name in ("model.safetensors", "ds_state/step000003/optim_states.pt", "ds_state/step000003/model_states.pt"):
+        assert entry["files"][f"step-0003/{name}"]["sha256"] == hashlib.sha256((final / name).read_bytes()).hexdigest()
+    assert not {"model.safetensors", "optim_states.pt", "model_states.pt"} & set(reads), reads
