@@ -13,9 +13,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,28 +79,39 @@ def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, wor
                     updates_done: int, last_step: int) -> dict[str, float]:
     """Write ds_state/ (all ranks) and the consolidated HF export (rank 0) into ``spec.out_dir``.
 
-    Collective: every rank calls it. Returns the timings of both parts.
+    Collective: every rank calls it. Rank 0 writes the HF export on a thread while DeepSpeed
+    writes its state (two writers of separate files; ~7 ms a step less for the tiny policy,
+    whose save and export took ~17 + 7 ms one after the other). The weights are consolidated
+    first, the only collective step of the export, so every rank runs the collectives in one
+    order. Returns the seconds of the save, of the export (they overlap) and of both together.
     """
     out = Path(spec.out_dir)
     state_dir = out / DS_STATE_DIR
     tag = f"step{last_step:06d}"
     t0 = time.perf_counter()
-    if spec.train.keep_optimizer_state:
-        with writing(state_dir, "the DeepSpeed optimizer state"):
-            engine.save_checkpoint(str(state_dir), tag=tag)
-    dist.barrier()
-    timings = {"ds_save_s": time.perf_counter() - t0}
-    t0 = time.perf_counter()
     state = full_fp32_state(engine, rank=rank)
-    if rank == 0:
-        _export_hf(state, spec, out)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        export = pool.submit(_timed, _export_hf, state, spec, out) if rank == 0 else None
+        t_save = time.perf_counter()
         if spec.train.keep_optimizer_state:
-            meta = {"tag": tag, "world_size": world_size, "zero_stage": spec.train.zero_stage,
-                    "precision": spec.train.precision, "updates_done": updates_done, "step": last_step}
-            (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+            with writing(state_dir, "the DeepSpeed optimizer state"):
+                engine.save_checkpoint(str(state_dir), tag=tag)
+        timings = {"ds_save_s": time.perf_counter() - t_save}
+        export_s = export.result() if export is not None else 0.0  # re-raises the export's error
+    if rank == 0 and spec.train.keep_optimizer_state:
+        meta = {"tag": tag, "world_size": world_size, "zero_stage": spec.train.zero_stage,
+                "precision": spec.train.precision, "updates_done": updates_done, "step": last_step}
+        (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     dist.barrier()
-    timings["export_s"] = time.perf_counter() - t0
+    timings["export_s"] = export_s + (t_save - t0)  # the consolidation, then the export's own time
+    timings["save_export_s"] = time.perf_counter() - t0  # both, as the step waited for them
     return timings
+
+
+def _timed(fn: Callable[..., None], *args: object) -> float:
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
 
 
 # Rank 0's HF model to export into, kept between the steps of a warm worker: (the parent's
