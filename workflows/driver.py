@@ -319,6 +319,13 @@ def step_group(step: int) -> str:
     return f"step-{step:04d}"
 
 
+# The live run page is redrawn after a step when this long has passed since its last redraw, and
+# after every evaluation. A redraw costs ~10 ms at 20 steps and ~34 ms at 200 (benchmarks/RESULTS.md):
+# 1-2% of the tiny config's ~1.7 s steps if drawn after each. Steps longer than this redraw it after
+# every step; the page a user watches is at most this long plus one step behind.
+REPORT_EVERY_S = 5.0
+
+
 class _PipelineStages:
     """The loop's stages as cached Flyte tasks writing into the run folder (workflows/step_loop.py)."""
 
@@ -338,6 +345,7 @@ class _PipelineStages:
         self.metrics_rows: list[dict[str, Any]] = []
         self.step_seconds: list[float] = []
         self._step_started = time.perf_counter()
+        self._page_drawn_at = -math.inf  # when the live run page was last redrawn (perf_counter)
         self.tracking = open_tracking(cfg.tracking, layout.tracking_dir, run_name=cfg.run.name, run_config=cfg.to_dict())
         self.track()
 
@@ -405,11 +413,13 @@ class _PipelineStages:
             samples=row["samples"], accuracy=row["accuracy"], reward=row["reward_mean"], entropy=row["entropy"],
             seconds=self.step_seconds[-1]))
         every = cfg.run.eval_every_steps
-        if every and step % every == 0 and step != cfg.run.steps:
+        evaluated = bool(every and step % every == 0 and step != cfg.run.steps)
+        if evaluated:
             self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
         self.track()
         self.apply_retention(step)
-        await self.refresh_report()
+        if evaluated or time.perf_counter() - self._page_drawn_at >= REPORT_EVERY_S:
+            await self.refresh_report()
         self._step_started = time.perf_counter()
 
     def apply_retention(self, step: int) -> None:
@@ -430,13 +440,15 @@ class _PipelineStages:
 
     async def refresh_report(self) -> None:
         """Redraw the run page with the steps so far (status "running", ETA), so a user watching the
-        run (report/index.html, the Flyte UI) sees its curves grow; ~10 ms (benchmarks/report_refresh.py)."""
+        run (report/index.html, the Flyte UI) sees its curves grow; ~10 ms (benchmarks/report_refresh.py).
+        Called after a step at most every :data:`REPORT_EVERY_S` seconds, and after every evaluation."""
         summary = _summary(self.cfg, self.layout, self.prepared, self, status="running")
         with run_store.output(self.layout.report_dir, folder=True) as report_dir:
             _, inline_page = write_report(report_dir, title=f"DAPO run {self.cfg.run.name}", summary=summary,
                                           metrics=self.metrics_rows, evals=self.evals, samples=[])
         if self.live_report:
             await flyte.report.replace.aio(inline_page, do_flush=True)
+        self._page_drawn_at = time.perf_counter()
 
     def track(self) -> None:
         """Send the steps and evaluations so far to the run's trackers (section ``tracking``); each
@@ -496,7 +508,8 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
                            live_report: bool = True) -> dict[str, Any]:
     """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
 
-    The run page is redrawn after every step; ``live_report`` also publishes it as this task's
+    The run page is redrawn after steps (at most every ``REPORT_EVERY_S`` seconds) and evaluations;
+    ``live_report`` also publishes it as this task's
     Flyte report each time. Returns the summary, plus the final page inlined under
     ``_inline_report`` (for flyte.report).
     """
