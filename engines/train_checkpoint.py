@@ -80,8 +80,8 @@ def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, wor
     """Write ds_state/ (all ranks) and the consolidated HF export (rank 0) into ``spec.out_dir``.
 
     Collective: every rank calls it. Rank 0 writes the HF export on a thread while DeepSpeed
-    writes its state (two writers of separate files; ~7 ms a step less for the tiny policy,
-    whose save and export took ~17 + 7 ms one after the other). The weights are consolidated
+    writes its state (two writers of separate files: 47 -> 37 ms a step for the tiny policy,
+    benchmarks/RESULTS.md). The weights are consolidated
     first, the only collective step of the export, so every rank runs the collectives in one
     order. Returns the seconds of the save, of the export (they overlap) and of both together.
     """
