@@ -29,33 +29,19 @@ tasks on threads (the pipelined mode's rollout beside training).
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from pathlib import Path
 
 import pyarrow as pa
 
-MAX_BYTES = 64 * 1024 * 1024  # Arrow bytes of the tables kept, all together
+from schemas.file_identity import Identity, identity_of
 
-Identity = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+MAX_BYTES = 64 * 1024 * 1024  # Arrow bytes of the tables kept, all together
 
 _Key = tuple[Identity, type]
 _kept: collections.OrderedDict[_Key, pa.Table] = collections.OrderedDict()
 _kept_bytes = 0
 _lock = threading.Lock()
-
-
-def identity(st: os.stat_result) -> Identity:
-    """What says a file is still the one seen: a rename keeps all four, any write changes one."""
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def identity_of(path: Path) -> Identity | None:
-    """The identity of the file at ``path`` now; None when there is none."""
-    try:
-        return identity(os.stat(path))
-    except OSError:
-        return None
 
 
 def _drop(key: _Key) -> None:

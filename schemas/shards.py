@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from schemas import fast_checks, fresh_tables
+from schemas import fast_checks, file_identity, fresh_tables
 from schemas.disk_space import writing
 from schemas.fsync import fsync_folder
 from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
@@ -290,7 +290,7 @@ def write_shard(data: ShardData, path: str | Path, model: type) -> Path:
             handle.write(data_bytes)
             handle.flush()
             os.fsync(handle.fileno())
-            written = fresh_tables.identity(os.fstat(handle.fileno()))
+            written = file_identity.identity(os.fstat(handle.fileno()))
         os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; shards are meant to be shared read-only
         os.replace(tmp_name, path)
     except BaseException:
@@ -314,7 +314,7 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     fresh = fresh_tables.recall(path, model)
     if fresh is not None:
         return fresh
-    seen = fresh_tables.identity_of(path)
+    seen = file_identity.identity_of(path)
     try:
         # Arrow-owned bytes and a plain Parquet reader, never Python bytes inside a dataset scan:
         # a scan's pool thread can drop the last reference after the table is returned, and
@@ -345,7 +345,7 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
     else:
         validate_table(table, model, str(path))
         _remember(sha256, model)
-    if seen is not None and fresh_tables.identity_of(path) == seen:  # not replaced while read
+    if seen is not None and file_identity.identity_of(path) == seen:  # not replaced while read
         fresh_tables.keep(table, model, seen)
     return table
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from schemas.file_identity import Identity, identity
 from storage import run_store
 
 RECORD_SUFFIX = ".sha256.json"
@@ -59,13 +60,9 @@ def _sha256_of(handle: BinaryIO, feed: Any = None) -> str:
 # that a file hashed for one purpose is not read again for another: a checkpoint's weights are
 # hashed for its id (storage/checkpoints.py) and then for its record, the 65 GB of a paper-scale
 # policy twice a step otherwise. A rewritten or replaced file has another identity.
-_KNOWN_SHA256S: dict[tuple[int, int, int, int], str] = {}
+_KNOWN_SHA256S: dict[Identity, str] = {}
 _KNOWN_MAX = 512
 _KNOWN_LOCK = threading.Lock()
-
-
-def _identity(stat: os.stat_result) -> tuple[int, int, int, int]:
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def file_sha256(path: str | os.PathLike[str], *, feed: Any = None) -> str:
@@ -75,9 +72,9 @@ def file_sha256(path: str | os.PathLike[str], *, feed: Any = None) -> str:
     The result is remembered for :func:`known_file_sha256` when the file did not change while read.
     """
     with open(path, "rb") as handle:
-        before = _identity(os.fstat(handle.fileno()))
+        before = identity(os.fstat(handle.fileno()))
         sha256 = _sha256_of(handle, feed)
-        after = _identity(os.fstat(handle.fileno()))
+        after = identity(os.fstat(handle.fileno()))
     if before == after:
         with _KNOWN_LOCK:
             if len(_KNOWN_SHA256S) >= _KNOWN_MAX:
@@ -91,7 +88,7 @@ def known_file_sha256(path: str | os.PathLike[str]) -> str:
     (same device, inode, size and modification time). For records and cache keys of files this
     process just wrote or hashed; a check against a record always reads (:func:`check`)."""
     with _KNOWN_LOCK:
-        known = _KNOWN_SHA256S.get(_identity(os.stat(path)))
+        known = _KNOWN_SHA256S.get(identity(os.stat(path)))
     return known if known is not None else file_sha256(path)
 
 
