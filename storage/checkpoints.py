@@ -26,7 +26,6 @@ from storage import digests, run_store
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
 _FSYNC_THREADS = 8  # files fsynced at once when a checkpoint is published
-_HASH_AHEAD_BYTES = 1 << 20  # files at least this large are hashed while the publish fsyncs
 
 
 @dataclass(frozen=True)
@@ -92,22 +91,21 @@ def staging_dir(final_dir: str | Path) -> Path:
 
 
 def _fsync_tree(folder: Path) -> None:
-    """Put ``folder``'s files, then its folders' entries, on disk; hash the large files meanwhile.
+    """Put ``folder``'s files, then its folders' entries, on disk; hash the files meanwhile.
 
     The files were written by other processes (the training workers) moments before, so most of
     their bytes are still dirty in the page cache: fsyncing them one after another waits for each
     write-back in turn (~40 ms a step for the tiny policy's 16 MB on 2 cores); several at once let
     the device overlap them (~15 ms). ``os.fsync`` releases the GIL, and so does hashing: while the
-    fsyncs wait for the device, the files of a MiB or more are hashed from the page cache for the
-    checkpoint's digest record, written right after the publish (storage/digests.py remembers a
+    fsyncs wait for the device, the files are hashed from the page cache for the checkpoint's
+    digest record, written right after the publish (storage/digests.py remembers a
     file's sha256 by its identity, which the rename keeps): ~8 ms a step less for the tiny policy.
     """
     paths = sorted(folder.rglob("*"))
     files = sorted((p for p in paths if p.is_file() and not p.is_symlink()), key=lambda p: -p.stat().st_size)
     if files:
-        big = [p for p in files if p.stat().st_size >= _HASH_AHEAD_BYTES]
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(_FSYNC_THREADS, len(files)) + 1) as pool:
-            hashed = pool.submit(digests.file_sha256s, big)
+            hashed = pool.submit(digests.file_sha256s, files)
             list(pool.map(fsync_file, files))  # re-raises the first error
             hashed.result()
     for path in sorted((p for p in paths if p.is_dir() and not p.is_symlink()), reverse=True) + [folder]:
