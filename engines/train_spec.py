@@ -46,7 +46,7 @@ class WorkerSpec:
     @property
     def warmup_updates(self) -> int:
         """The paper counts warm-up in rollout steps (sec. 4.1); the optimizer counts updates."""
-        return self.train.warmup_steps * self.train.updates_per_step
+        return self.train.warmup_steps * self.train.optimizer_updates_per_step
 
     @classmethod
     def from_json(cls, path: str | Path) -> WorkerSpec:

@@ -18,7 +18,8 @@ warm group's requests (engines/train_worker.py), and runs ``run_step`` once per 
    policy lags, the rollout/trainer log-prob mismatch and the weights are reported per step.
 3. **updates** - shuffle the samples (seeded) into ``updates_per_step`` mini-batches (the paper:
    16 updates per rollout step, sec. 4.1), each split over ranks and into micro-batches; one
-   optimizer update per mini-batch. The token-level loss (eq. 10 with the eq. 12 normaliser,
+   optimizer update per mini-batch, in each of ``epochs_per_step`` passes over them (verl's
+   ppo_epochs; the paper makes one). The token-level loss (eq. 10 with the eq. 12 normaliser,
    sec. 3.3) divides by the token count of the whole mini-batch across all ranks; see
    ``backward_scale`` for how DeepSpeed's own averaging is undone, so the update does not depend
    on the micro-batch size or the process count.
@@ -222,11 +223,13 @@ class StepRunner:
         return lp, w
 
     def _updates(self, sb: StepBatch, plan: MicroPlan, old: _OldLogProbs, gas: int, step: int) -> _UpdateSums:
-        """One optimizer update per mini-batch that has a loss token."""
+        """One optimizer update per mini-batch that has a loss token, in each of ``epochs_per_step``
+        passes over the same mini-batches (every pass clips around the same pi_old)."""
         self.engine.train()
         scale = backward_scale(world_size=self.world_size, accumulation_steps=gas)
         record = _UpdateSums()
-        for m, micro in enumerate(plan):
+        passes = [(m, micro) for _ in range(self.spec.train.epochs_per_step) for m, micro in enumerate(plan)]
+        for m, micro in passes:
             mini_tokens, mini_sequences = _mini_batch_normalisers(sb.batch, micro, self.spec.train.loss_agg)
             if mini_tokens == 0:
                 continue  # every sample of this mini-batch is overlong-filtered: nothing to learn
@@ -306,7 +309,7 @@ class StepRunner:
         keys = list(record.sums)
         totals = dict(zip(keys, all_reduce_scalars([record.sums[k] for k in keys])))
         loss_tokens, correct = old.loss_tokens, sb.correct
-        total_update_tokens = loss_tokens  # every loss token is in exactly one mini-batch
+        total_update_tokens = loss_tokens * self.spec.train.epochs_per_step  # each pass updates on every loss token once
         return {
             "step": step,
             "loss": totals["loss"] / max(record.updates, 1),  # mean over updates of each mini-batch's loss

@@ -19,7 +19,11 @@ class TrainConfig:
     zero_stage: int = 1  # DeepSpeed ZeRO stage: 1, 2 or 3
     precision: str = "fp32"  # "fp32" or "bf16" (fp32 master weights kept by DeepSpeed)
     micro_batch_samples: int = 8  # samples per forward/backward per process (memory only, not the math)
-    updates_per_step: int = 1  # mini-batches = optimizer updates per rollout step (paper: 16)
+    updates_per_step: int = 1  # mini-batches per pass over the step's batch, one optimizer update each (paper: 16)
+    # Passes over those same mini-batches per rollout step (verl's ppo_epochs; the paper: 1). Later
+    # passes are further off-policy against pi_old, so the clip binds more; optimizer updates per
+    # rollout step = epochs_per_step x updates_per_step.
+    epochs_per_step: int = 1
     lr: float = 1e-6  # AdamW peak learning rate (paper: 1e-6)
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.999  # AdamW beta2
@@ -59,6 +63,11 @@ class TrainConfig:
     keep_workers_warm: bool = True
 
     @property
+    def optimizer_updates_per_step(self) -> int:
+        """Optimizer updates per rollout step: every pass over every mini-batch."""
+        return self.epochs_per_step * self.updates_per_step
+
+    @property
     def correction_mode(self) -> str:
         """The behaviour correction in force: the legacy ``tis_cap`` means "always" with that cap."""
         return "always" if self.tis_cap is not None else self.behaviour_correction
@@ -75,6 +84,7 @@ class TrainConfig:
             "precision": (self.precision in ("fp32", "bf16"), "must be 'fp32' or 'bf16'"),
             "micro_batch_samples": (self.micro_batch_samples >= 1, "must be >= 1"),
             "updates_per_step": (self.updates_per_step >= 1, "must be >= 1"),
+            "epochs_per_step": (self.epochs_per_step >= 1, "must be >= 1"),
             "lr": (self.lr > 0, "must be > 0"),
             "beta1": (0 <= self.beta1 < 1, "must be in [0, 1)"),
             "beta2": (0 <= self.beta2 < 1, "must be in [0, 1)"),

@@ -221,14 +221,15 @@ def _reference_step(ck0: Path, shard: Path, *, config: TrainConfig, step: int) -
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=config.lr, betas=(config.beta1, config.beta2), eps=config.adam_eps,
                             weight_decay=config.weight_decay)
-    warmup = config.warmup_steps * config.updates_per_step
+    warmup = config.warmup_steps * config.updates_per_step * config.epochs_per_step
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: warmup_lr_factor(u, warmup))
     model.eval()
     with torch.no_grad():
         old = tb.token_log_probs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits,
                                  batch.input_ids)
     norms = []
-    for mini in tb.mini_batches(batch.num_samples, config.updates_per_step, seed=config.seed + step):
+    minis = tb.mini_batches(batch.num_samples, config.updates_per_step, seed=config.seed + step)
+    for mini in [mini for _ in range(config.epochs_per_step) for mini in minis]:
         mb = tb.select(batch, mini)
         lp = tb.token_log_probs(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask.long()).logits,
                                 mb.input_ids)
@@ -252,6 +253,23 @@ def test_deepspeed_step_matches_a_plain_torch_reference(runs: dict) -> None:
     got = _weights(runs["A"].checkpoint_dir)
     assert _max_diff({k: got[k] for k in ref}, ref) < 1e-4
     assert _max_diff({k: got[k] for k in ref}, _weights(runs["ck0"])) > 1e-3  # it did move
+
+
+def test_several_passes_over_the_mini_batches_match_the_reference(runs: dict, tmp_path: Path) -> None:
+    # epochs_per_step=3 (verl's ppo_epochs): the same 2 mini-batches 3 times, each update clipped
+    # around the parent's log-probs, split over 2 ranks; warm-up counts all 6 updates.
+    config = replace(CONFIG, epochs_per_step=3)
+    got = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "P1", step=1,
+                     config=replace(config, num_processes=2, micro_batch_samples=2, keep_workers_warm=False))
+    ref, norms = _reference_step(runs["ck0"], runs["shard1"], config=config, step=1)
+    metrics = got.worker_metrics[0]
+    assert metrics["updates"] == 6 and len(norms) == 6
+    assert metrics["grad_norms"] == pytest.approx(norms, rel=1e-4)
+    weights = _weights(got.checkpoint_dir)
+    assert _max_diff({k: weights[k] for k in ref}, ref) < 1e-4
+    # Later passes are off-policy against pi_old: the clip binds there, not in a single pass's first update.
+    assert metrics["clip_frac_low"] + metrics["clip_frac_high"] > 0
+    assert metrics["approx_kl"] > runs["A"].worker_metrics[0]["approx_kl"]
 
 
 @pytest.mark.parametrize("agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])

@@ -84,6 +84,7 @@ def test_stage_config_for_stage_clis(tmp_path: Path) -> None:
 
 # Every check that needs no data runs at load time: (override, the field the message must name).
 BAD_VALUES = [
+    ("train.epochs_per_step=0", "train.epochs_per_step"),
     ("train.eps_low=-0.1", "train.eps_low"),
     ("train.eps_low=1.0", "train.eps_low"),
     ("train.eps_high=0.1", "train.eps_high"),  # below eps_low=0.2
