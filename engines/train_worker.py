@@ -40,6 +40,7 @@ and PR_SET_PDEATHSIG ties each rank to its torchrun agent. The mailbox's file na
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import os
 import signal
@@ -164,11 +165,23 @@ def _wait_request(serve_dir: Path, n: int, wake_fd: int | None) -> dict[str, Any
     return json.loads(path.read_text())
 
 
+# Modules the first engine build would import (measured with cProfile on the 2-core machine):
+# deepspeed.initialize's ZeRO optimizer check imports DeepSpeed's Muon optimizer, whose
+# torch.compile decorators import torch._inductor (~1.2 s); every decoder model's layer classes
+# (~0.1 s). The model's own module (e.g. Qwen2's) is left to the build: the parent is not known yet.
+_PRELOADED = ("transformers.modeling_layers", "deepspeed.runtime.zero.muon.muon_optimizer")
+
+
 def _preload() -> None:
-    """Import what building the first request's engine needs (transformers' model classes; DeepSpeed
-    came with the process group) before waiting for it: a group started ahead of its first step
-    (engines/train_launch.py: start_workers) has it done by then."""
+    """Import what building the first request's engine needs before waiting for it: a group
+    started ahead of its first step (engines/train_launch.py: start_workers) has it done by then."""
     from transformers import AutoModelForCausalLM  # noqa: F401
+
+    for name in _PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another version without it: the build will not import it either
+            pass
 
 
 def _serve(base: WorkerSpec, rank: int) -> None:

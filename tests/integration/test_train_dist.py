@@ -10,6 +10,7 @@ tests/integration/test_train.py (two ranks over gloo give the update of one proc
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -45,3 +46,40 @@ def test_a_cpu_rank_joins_without_building_the_shm_comm_op(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "rank 0 sum [1.5, 2.0]" in proc.stdout
     assert sorted(p.name for p in extensions.rglob("*")) == [], "a DeepSpeed op was JIT-compiled on join"
+
+
+BUILD_AFTER_PRELOAD = """
+import json, sys
+from engines.train_dist import init_process
+from engines.train_engine import build_engine
+from engines.train_spec import WorkerSpec
+from engines.train_worker import _preload
+from settings.train import TrainConfig
+init_process()
+_preload()
+before = set(sys.modules)
+spec = WorkerSpec(train=TrainConfig(), parent_checkpoint=sys.argv[1], resume_ds_state=None, steps=[],
+                  out_dir="", metrics_path="", error_path="")
+build_engine(spec, world_size=1)
+print("NEW " + json.dumps(sorted(set(sys.modules) - before)), flush=True)
+"""
+
+
+def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: Path) -> None:
+    # A warm group imports before its first request (engines/train_worker.py: _preload) so that
+    # the first step's engine build does not: deepspeed.initialize's ZeRO optimizer check imported
+    # DeepSpeed's Muon optimizer, whose torch.compile decorators pull in torch._inductor and
+    # torch._dynamo (1.2 of the first step's 1.5 s engine build on this 2-core machine).
+    from engines.tiny_policy import build_random_checkpoint
+
+    parent = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, "-c", BUILD_AFTER_PRELOAD, str(parent)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    new = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("NEW "))[4:])
+    compiler = [m for m in new if m.startswith(("torch._inductor", "torch._dynamo", "deepspeed.runtime.zero.muon"))]
+    assert compiler == [], f"imported by the first engine build: {compiler[:10]} ({len(compiler)})"
+    assert len(new) < 100, new  # the model's own modules (here Qwen2's), not a library
