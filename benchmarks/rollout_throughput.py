@@ -16,7 +16,9 @@ average is recorded per measurement):
 * ``plain``: ``n=samples`` per prompt, no seed, no log-probs (a bare throughput test).
 
 A mode's speedup is its median tokens/s over transformers' median; the table also gives each
-one's range over the repeats.
+one's range over the repeats. ``--hf-cache static`` gives transformers a preallocated KV cache
+(``cache_implementation="static"``) instead of its default growing one, which copies itself at
+every new token: the fairer baseline at long responses.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16] [--repeats 3]
 """
@@ -67,6 +69,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hf-cache", default="dynamic", choices=["dynamic", "static"],
+                        help="transformers' KV cache: its default growing one, or preallocated")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="vLLM sampling modes to time")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_throughput.json"))
     args = parser.parse_args()
@@ -83,16 +87,19 @@ def main() -> int:
     params = sum(p.numel() for p in model.parameters())
     enc = tok(prompts * args.samples, return_tensors="pt", padding=True, add_special_tokens=False)
 
+    cache = {"cache_implementation": "static"} if args.hf_cache == "static" else {}
+
     def timed_hf() -> tuple[float, int]:
         with torch.no_grad():
             started = time.perf_counter()
             out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                 max_new_tokens=args.tokens, min_new_tokens=args.tokens, pad_token_id=0)
+                                 max_new_tokens=args.tokens, min_new_tokens=args.tokens, pad_token_id=0,
+                                 **cache)
             seconds = time.perf_counter() - started
         return seconds, (out.shape[1] - enc.input_ids.shape[1]) * out.shape[0]
 
     with torch.no_grad():
-        model.generate(**{k: v[:2] for k, v in enc.items()}, do_sample=True, max_new_tokens=4, pad_token_id=0)  # warm-up
+        model.generate(**{k: v[:2] for k, v in enc.items()}, do_sample=True, max_new_tokens=4, pad_token_id=0, **cache)  # warm-up
     hf_runs = []
     for repeat in range(args.repeats):
         load = [round(x, 2) for x in os.getloadavg()]
@@ -151,6 +158,7 @@ def main() -> int:
     result = {
         "model_parameters": params, "dtype": args.dtype, "threads": args.threads,
         "prompts": args.prompts, "samples_per_prompt": args.samples, "tokens_per_sample": args.tokens,
+        "transformers_cache": args.hf_cache,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")},
         "transformers_tokens_per_s": hf,
         **{f"vllm_{m}_tokens_per_s": summary(f"vllm_{m}_tokens_per_s", runs) for m in modes},
@@ -166,7 +174,7 @@ def main() -> int:
         "python": platform.python_version(), "torch": torch.__version__,
     }
     print(f"{'':28}{'tok/s (median, range)':>30}{'speedup vs transformers':>28}")
-    print(f"{'transformers generate':28}{_fmt(result['transformers_tokens_per_s']):>30}")
+    print(f"{'transformers (' + args.hf_cache + ' cache)':28}{_fmt(result['transformers_tokens_per_s']):>30}")
     for m in modes:
         print(f"{'vLLM ' + m:28}{_fmt(result[f'vllm_{m}_tokens_per_s']):>30}{_fmt(result[f'speedup_{m}'], 2):>28}")
     print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load (1 min) per "
