@@ -153,8 +153,9 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
 def start_workers(config: TrainConfig) -> None:
     """Start this process's warm worker group for ``config`` now and return at once.
 
-    The ranks import torch, DeepSpeed and transformers, join their process group and wait for the
-    first request (engines/train_worker.py: _serve), so a caller that knows the training settings
+    The ranks import torch, DeepSpeed and transformers (and what the first engine build would
+    import, engines/train_worker.py: _preload), join their process group and wait for the first
+    request (engines/train_worker.py: _serve), so a caller that knows the training settings
     early (the local driver, at the start of a run) has the group's start overlap its curation,
     step-0 policy and evaluation instead of charging it to the first step. The first step then
     builds its engine from its parent checkpoint as any reloaded step does. Nothing happens when
