@@ -373,6 +373,27 @@ def _default_workers() -> int:
 
 
 
+def _pool() -> _VerdictPool:
+    """This process's pool (call with ``_POOL_LOCK`` held); a forked child gets its own, never
+    driving its parent's workers."""
+    global _POOL
+    if _POOL is None or _POOL.owner_pid != os.getpid():
+        _POOL = _VerdictPool()
+    return _POOL
+
+
+def start_verifier_pool(max_workers: int | None = None) -> None:
+    """Start this process's verifier workers now (up to ``max_workers``; None = one per CPU) and
+    return at once: each fresh interpreter imports sympy and math-verify (~0.4 s) while the caller
+    does other work (the local driver: curation and the step-0 evaluation), so the first scoring
+    call finds them up. Workers already alive are kept."""
+    workers = max_workers or _default_workers()
+    with _POOL_LOCK:
+        pool = _pool()
+        while len(pool.workers) < workers:
+            pool.workers.append(pool._start_worker())
+
+
 def process_judge(max_workers: int | None = None) -> Judge:
     """A judge for `dapo_core.rewards.score_responses` that runs verdicts on this process's pool.
 
@@ -383,12 +404,8 @@ def process_judge(max_workers: int | None = None) -> Judge:
         raise ValueError(f"max_workers must be >= 1 or None, got {max_workers!r}")
 
     def judge(items: Sequence[tuple[str, str]], timeout_s: float) -> list[Outcome]:
-        global _POOL
         workers = max_workers or _default_workers()
         with _POOL_LOCK:
-            if _POOL is None or _POOL.owner_pid != os.getpid():
-                # A forked child must not drive its parent's workers; it gets its own pool.
-                _POOL = _VerdictPool()
-            return _POOL.run(items, timeout_s, workers)
+            return _pool().run(items, timeout_s, workers)
 
     return judge

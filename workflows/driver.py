@@ -31,6 +31,7 @@ from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
 from engines.train_launch import start_workers
 from engines.train_publish import METRICS_FILE
+from engines.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
 from storage import checkpoints, digests, pruning, run_store
 from storage.run_layout import RunLayout
@@ -304,14 +305,17 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
 
 
 def start_training_early(cfg: RunConfig, layout: RunLayout) -> None:
-    """Run locally (every task in this process), start the DeepSpeed worker group now, beside
-    curation, the step-0 policy and its evaluation, rather than in the first training step
-    (engines/train_launch.py: start_workers). Not on a cluster, where training runs in pods of its
-    own, and not when the run's last checkpoint is published already (a re-run of cache hits)."""
+    """Run locally (every task in this process), start the DeepSpeed worker group and the
+    verifier pool now, beside curation, the step-0 policy and its evaluation, rather than in the
+    first training step (engines/train_launch.py: start_workers) and its first scoring call
+    (engines/verifier_pool.py: start_verifier_pool). Not on a cluster, where training and scoring
+    run in pods of their own, and not when the run's last checkpoint is published already (a
+    re-run of cache hits)."""
     ctx = flyte.ctx()
     if ctx is None or ctx.mode != "local" or cfg.run.steps == 0 or checkpoints.is_complete(layout.checkpoint(cfg.run.steps)):
         return
     start_workers(cfg.train)
+    start_verifier_pool(cfg.score.reward_workers or None)
 
 
 def step_group(step: int) -> str:

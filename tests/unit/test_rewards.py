@@ -363,6 +363,20 @@ def test_a_call_with_fewer_items_than_workers_keeps_the_idle_workers() -> None:
     assert verifier_pool_stats()["started"] == started_before
 
 
+def test_a_pool_started_ahead_serves_the_first_call_without_starting_a_worker() -> None:
+    # The driver starts the pool beside curation and the step-0 evaluation (workflows/driver.py):
+    # the first step's scoring then finds every worker up instead of waiting ~0.4 s for a fresh
+    # interpreter's sympy import (measured: 0.46 s of a first step's scoring).
+    shutdown_verifier_pool()
+    verifier_pool.start_verifier_pool(2)
+    assert verifier_pool_stats() == {"alive": 2, "started": 2, "killed": 0}
+    verifier_pool.start_verifier_pool(2)  # a pool already up is left as it is
+    assert verifier_pool_stats()["started"] == 2
+    verdicts = score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
+    assert [v.correct for v in verdicts] == [True] * 4
+    assert verifier_pool_stats() == {"alive": 2, "started": 2, "killed": 0}
+
+
 def test_a_smaller_max_workers_shrinks_the_pool() -> None:
     score_responses(["Answer: \\frac{4}{2}"] * 4, [2] * 4, timeout_s=TIMEOUT_S, judge=process_judge(2))
     score_responses(["Answer: \\frac{6}{2}"] * 4, [3] * 4, timeout_s=TIMEOUT_S, judge=process_judge(1))
