@@ -203,6 +203,11 @@ class _VerdictPool:
         self.workers_started += 1
         return _Worker(process=process, conn=multiprocessing.connection.Connection(parent_sock.detach()), slot=slot)
 
+    def grow_to(self, count: int) -> None:
+        """Start workers until ``count`` are alive (they import while the caller goes on)."""
+        while len(self.workers) < count:
+            self.workers.append(self._start_worker())
+
     def _discard(self, worker: _Worker) -> None:
         if worker.process.poll() is None:
             worker.process.kill()
@@ -252,8 +257,8 @@ class _VerdictPool:
 
         while pending or any(w.chunk is not None for w in self.workers):
             # Dispatch: top the pool up lazily (this also replaces killed workers), feed idle ones.
-            while pending and len(self.workers) < wanted:
-                self.workers.append(self._start_worker())
+            if pending:
+                self.grow_to(wanted)
             for worker in list(self.workers):
                 if not pending:
                     break
@@ -389,9 +394,7 @@ def start_verifier_pool(max_workers: int | None = None) -> None:
     call finds them up. Workers already alive are kept."""
     workers = max_workers or _default_workers()
     with _POOL_LOCK:
-        pool = _pool()
-        while len(pool.workers) < workers:
-            pool.workers.append(pool._start_worker())
+        _pool().grow_to(workers)
 
 
 def process_judge(max_workers: int | None = None) -> Judge:
