@@ -293,7 +293,7 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     layout = RunLayout(run_dir)
     start_run_folder(run_config, layout)
     with stage_cores(run_config):
-        start_training_early(run_config, layout)
+        start_workers_early(run_config, layout)
         prepared = await prepare_run(run_config, layout)
         summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
@@ -304,7 +304,7 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     )
 
 
-def start_training_early(cfg: RunConfig, layout: RunLayout) -> None:
+def start_workers_early(cfg: RunConfig, layout: RunLayout) -> None:
     """Run locally (every task in this process), start the DeepSpeed worker group and the
     verifier pool now, beside curation, the step-0 policy and its evaluation, rather than in the
     first training step (engines/train_launch.py: start_workers) and its first scoring call
