@@ -1,6 +1,6 @@
 """The training step's HF export (engines/train_checkpoint.py: export_hf) writes what transformers'
-``save_pretrained`` writes for the same weights: the same JSON files, byte for byte, and the same
-tensors, in fp32 and bf16, for a tied-embedding model and an untied one. save_pretrained is the
+``save_pretrained`` writes for the same weights: the same files, byte for byte (so a step's
+checkpoint id does not change), and so the same tensors, in fp32 and bf16, for a tied-embedding model and an untied one. save_pretrained is the
 slow, obvious reference; the export writes the files directly, without a model to load them into.
 """
 
@@ -59,7 +59,7 @@ def test_export_writes_what_save_pretrained_writes(tmp_path: Path, precision: st
     export_hf(state, parent, precision, ours)
     _reference(parent, state, precision, ref)
 
-    for name in ("config.json", "generation_config.json"):
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
         assert (ours / name).read_bytes() == (ref / name).read_bytes(), name
     assert json.loads((ours / "config.json").read_text())["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[precision]
     got, want = load_file(str(ours / "model.safetensors")), load_file(str(ref / "model.safetensors"))
