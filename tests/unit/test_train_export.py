@@ -1,7 +1,8 @@
 """The training step's HF export (engines/train_checkpoint.py: export_hf) writes what transformers'
 ``save_pretrained`` writes for the same weights: the same files, byte for byte (so a step's
-checkpoint id does not change), and so the same tensors, in fp32 and bf16, for a tied-embedding model and an untied one. save_pretrained is the
-slow, obvious reference; the export writes the files directly, without a model to load them into.
+checkpoint id does not change), in fp32 and bf16, for a tied-embedding model and an untied one.
+save_pretrained is the slow, obvious reference; the export writes the files directly, without a
+model to load the weights into.
 """
 
 from __future__ import annotations
