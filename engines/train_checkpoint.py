@@ -170,9 +170,10 @@ def export_hf(state: dict[str, torch.Tensor], parent: Path, precision: str, out:
 
     Writes what ``save_pretrained`` of the parent's model loaded with ``state`` writes (the same
     JSON files and tensors; tests/unit/test_train_export.py holds it to that) without loading
-    the weights into a model kept for it: 23 -> 14 ms a step for the tiny policy (the step does
-    not get shorter: DeepSpeed's save beside it takes longer), and rank 0 no longer holds a
-    second full copy of the model between steps (131 GB in fp32 for a 32B policy).
+    the weights into a model kept for it, so rank 0 no longer holds a second full copy of the
+    model between steps (131 GB in fp32 for a 32B policy). For the tiny policy the export takes
+    ~13 instead of ~22 ms, but the step does not get shorter: DeepSpeed's save beside it is the
+    longer leg, and on this disk it slows when the two writes overlap more (benchmarks/RESULTS.md).
     """
     from huggingface_hub import save_torch_state_dict
 
