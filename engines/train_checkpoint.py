@@ -148,8 +148,7 @@ def _layout_for(parent: Path, precision: str) -> _ExportLayout:
         model = AutoModelForCausalLM.from_pretrained(parent, dtype=_EXPORT_DTYPES[precision])
         all_parameters = dict(model.named_parameters(remove_duplicate=False))
         with tempfile.TemporaryDirectory() as tmp:
-            # save_pretrained sets these two before writing the config (dtype, architectures).
-            model.config.dtype = _EXPORT_DTYPES[precision]
+            # save_pretrained sets this before writing the config (from_pretrained set the dtype).
             model.config.architectures = [type(model).__name__]
             model.config.save_pretrained(tmp)
             if model.can_generate() and model.generation_config is not None:
