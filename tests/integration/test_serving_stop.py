@@ -28,8 +28,8 @@ child = ("import signal, time\\n" + ("signal.signal(signal.SIGINT, signal.SIG_IG
 core = subprocess.Popen([sys.executable, "-c", child])
 if stubborn:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-print(core.pid, flush=True)
-try:
+try:  # the pid is the ready signal: printed inside the try, so a SIGINT right after it is caught
+    print(core.pid, flush=True)
     time.sleep(600)
 except KeyboardInterrupt:
     core.terminate()
