@@ -23,7 +23,9 @@ before, best (and its step) and final with their 95% intervals, the change with 
 interval over problems (summary.json), the pipeline's own seconds (summary.json ``wall_seconds``:
 curation, warm-up, steps and evaluations; process start excluded) and the 1-minute load average
 over the run (sampled every 10 s: the machine may be shared, so a run's time is only comparable at
-similar load); then the median, range and a t interval of the mean change over seeds. A seed whose
+similar load), its steps per minute over the step loop, its first step's seconds and its share of step time outside generation and gradients
+(overall and from ``--steady-from``, as above, from the run folder's files); then the median, range
+and a t interval of the mean change over seeds, and the median and largest share. A seed whose
 finished run folder is already under ``--keep`` is read, not re-run. Writes
 benchmarks/results/main_job_seeds.json (``--out``) with the commit and the CPU model.
 
@@ -157,6 +159,25 @@ class LoadSampler:
                 "max": round(max(self.samples), 2), "samples": len(self.samples)}
 
 
+def step_shares(run_dir: Path, steady_from: int) -> dict[str, float | None]:
+    """A finished run folder's share of step time outside generation and gradients, overall and in
+    steady state (steps ``steady_from``..N), and its first step's seconds (fractions, not percent).
+
+    None for a pipelined run (``run.pipelined``): its generation overlaps the previous step's
+    training, so a step's time is no sum of the two and the split means nothing there.
+    """
+    layout = RunLayout(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if json.loads((run_dir / "run.json").read_text())["config"]["run"].get("pipelined"):
+        return {"overall_share": None, "steady_share": None, "steady_other_s_per_step": None, "first_step_s": None}
+    seconds, _ = step_times(layout, len(summary["step_seconds"]))
+    steps = [step_split(layout, i + 1, s) for i, s in enumerate(seconds)]
+    overall, steady = _totals(steps), _totals(steps[steady_from - 1:])
+    return {"overall_share": overall["other_share"], "steady_share": steady["other_share"],
+            "steady_other_s_per_step": round(steady["other_s"] / len(steps[steady_from - 1:]), 3),
+            "first_step_s": round(steps[0]["step_s"], 3)}
+
+
 def seed_row(seed: int, summary: dict, load: dict | None) -> dict:
     """One seed's line of the table, from its summary.json (fractions, not percent)."""
     evals = summary["evals"]
@@ -178,6 +199,7 @@ def seed_row(seed: int, summary: dict, load: dict | None) -> dict:
         "steps": summary["steps"],
         "pipeline_seconds": summary["wall_seconds"],
         "step_seconds_mean": round(statistics.fmean(summary["step_seconds"]), 2) if summary["step_seconds"] else None,
+        "steps_per_min": 60 * len(summary["step_seconds"]) / sum(summary["step_seconds"]) if summary["step_seconds"] else None,
         "load_1min": load,
         "run_dir": summary["run_dir"],
     }
@@ -191,6 +213,14 @@ def over_seeds(changes: list[float]) -> dict:
         "mean_ci95": None if half is None else [mean - half, mean + half],
         "method": f"t interval of the mean over {len(changes)} seeds (df {len(changes) - 1})",
     }
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _share(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def _pct(value: float | None) -> str:
@@ -207,7 +237,9 @@ def _row_text(r: dict) -> str:
     load_text = f"{load['mean']:.1f} ({load['min']:.1f}-{load['max']:.1f})" if load else "n/a"
     return (f"{r['seed']:>4} {with_half(r['before'], r['before_ci95_half']):>13} "
             f"{_pct(r['best']) + ' (' + str(r['best_step']) + ')':>13} {with_half(r['final'], r['final_ci95_half']):>13} "
-            f"{change:>24} {r['best_minus_final'] * 100:>10.1f} {r['pipeline_seconds']:>10.0f} {load_text:>20}")
+            f"{change:>24} {r['best_minus_final'] * 100:>10.1f} {r['pipeline_seconds']:>10.0f} {load_text:>20} "
+            f"{r['steps_per_min']:>9.1f} {_share(r['first_step_s'], '.2f'):>8} {_share(r['overall_share'], '.1%'):>8} "
+            f"{_share(r['steady_share'], '.1%'):>8}")
 
 
 def run_seeds(args: argparse.Namespace) -> int:
@@ -228,7 +260,7 @@ def run_seeds(args: argparse.Namespace) -> int:
             load_path.write_text(json.dumps(sampler.stats()) + "\n")
         summary = json.loads(summary_path.read_text())
         load = json.loads(load_path.read_text()) if load_path.exists() else None
-        rows.append(seed_row(seed, summary, load))
+        rows.append({**seed_row(seed, summary, load), **step_shares(summary_path.parent, args.steady_from)})
         print(_row_text(rows[-1]), flush=True)
 
     stats = over_seeds([r["change"] for r in rows])
@@ -237,7 +269,8 @@ def run_seeds(args: argparse.Namespace) -> int:
     print(f"commit {_commit()}, cpu {cpu_model()}; config {args.config} {' '.join(args.set)}")
     print(f"held-out avg@{k} on {n} problems, {summary['steps']} steps; percent, +/- = 95% interval half-width")
     print(f"{'seed':>4} {'before':>13} {'best (step)':>13} {'final':>13} {'change [paired 95%]':>24} "
-          f"{'best-final':>10} {'pipeline s':>10} {'load mean (min-max)':>20}")
+          f"{'best-final':>10} {'pipeline s':>10} {'load mean (min-max)':>20} {'steps/min':>9} {'step 1 s':>8} "
+          f"{'other':>8} {'steady':>8}")
     for r in rows:
         print(_row_text(r))
     ci = stats["mean_ci95"]
@@ -246,11 +279,20 @@ def run_seeds(args: argparse.Namespace) -> int:
           + (f" (95% t interval {ci[0] * 100:+.1f} to {ci[1] * 100:+.1f})" if ci else ""))
     secs = [r["pipeline_seconds"] for r in rows]
     print(f"pipeline seconds: median {statistics.median(secs):.0f}, max {max(secs):.0f}")
+    print(f"steps/min over the step loop: median {statistics.median(r['steps_per_min'] for r in rows):.1f}")
+    shares = {key: _spread([r[key] for r in rows]) for key in ("overall_share", "steady_share", "first_step_s")
+              if all(r[key] is not None for r in rows)}
+    if shares:
+        print("outside generation and gradients (other / steady = overall / steps "
+              f"{args.steady_from}..N): overall median {shares['overall_share']['median']:.1%} "
+              f"(max {shares['overall_share']['max']:.1%}), steady median {shares['steady_share']['median']:.1%} "
+              f"(max {shares['steady_share']['max']:.1%}); first step median {shares['first_step_s']['median']:.2f} s")
     result = {
         "commit": _commit(), "cpu": cpu_model(), "cores": os.cpu_count(),
         "config": args.config, "overrides": args.set, "seeds": args.seeds, "eval_k": k, "eval_problems": n,
         "steps": summary["steps"], "per_seed": rows, "change_over_seeds": stats,
         "pipeline_seconds": {"median": statistics.median(secs), "max": max(secs)},
+        "steady_from": args.steady_from, "step_time_over_seeds": shares,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
