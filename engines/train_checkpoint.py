@@ -61,17 +61,25 @@ def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, 
 def full_fp32_state(engine: DeepSpeedEngine, *, rank: int) -> dict[str, torch.Tensor]:
     """The full fp32 weights, consolidated on rank 0 (empty dict on other ranks).
 
-    Collective (ZeRO-3 gathers each parameter's partitions): every rank must call it. The
-    optimizer's fp32 master copy is read when there is one (bf16, ZeRO-3); plain fp32
-    ZeRO 1/2 keeps the full updated weights in the module itself.
+    Collective where it must be (every rank calls it): the optimizer's fp32 master copy is
+    gathered where the module does not hold the full fp32 weights (bf16, ZeRO-3). Plain fp32 under
+    ZeRO 1/2 does: after every update DeepSpeed copies the master partitions into the module's
+    parameters and all-gathers them, so those are read as they are, bit-equal to the master and with
+    no collective (asking DeepSpeed anyway costs one all-reduce of a full-size tensor per
+    parameter). Every rank takes the same branch per parameter, so the collectives stay in one
+    order.
     """
     from deepspeed.utils import safe_get_full_fp32_param
 
+    module_is_full = engine.zero_optimization_stage() < 3
     state: dict[str, torch.Tensor] = {}
     for name, param in engine.module.named_parameters():
-        full = safe_get_full_fp32_param(param)
-        if full is None:
+        if module_is_full and param.dtype == torch.float32:
             full = param.detach()
+        else:
+            full = safe_get_full_fp32_param(param)
+            if full is None:
+                full = param.detach()
         if rank == 0:
             state[name] = full.detach().float().cpu().clone()
     return state
