@@ -23,9 +23,10 @@ before, best (and its step) and final with their 95% intervals, the change with 
 interval over problems (summary.json), the pipeline's own seconds (summary.json ``wall_seconds``:
 curation, warm-up, steps and evaluations; process start excluded) and the 1-minute load average
 over the run (sampled every 10 s: the machine may be shared, so a run's time is only comparable at
-similar load), its steps per minute over the step loop, its first step's seconds and its share of step time outside generation and gradients
-(overall and from ``--steady-from``, as above, from the run folder's files); then the median, range
-and a t interval of the mean change over seeds, and the median and largest share. A seed whose
+similar load), its steps per minute over the step loop, its first step's seconds and its share of
+step time outside generation and gradients (overall and from ``--steady-from``, as above, from the
+run folder's files); then the median, range and a t interval of the mean change over seeds, and the
+median and largest share. A seed whose
 finished run folder is already under ``--keep`` is read, not re-run. Writes
 benchmarks/results/main_job_seeds.json (``--out``) with the commit and the CPU model.
 
@@ -164,11 +165,13 @@ def step_shares(run_dir: Path, steady_from: int) -> dict[str, float | None]:
     steady state (steps ``steady_from``..N), and its first step's seconds (fractions, not percent).
 
     None for a pipelined run (``run.pipelined``): its generation overlaps the previous step's
-    training, so a step's time is no sum of the two and the split means nothing there.
+    training, so a step's time is no sum of the two and the split means nothing there; None too
+    for a run of fewer steps than ``steady_from``.
     """
     layout = RunLayout(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    if json.loads((run_dir / "run.json").read_text())["config"]["run"].get("pipelined"):
+    pipelined = json.loads((run_dir / "run.json").read_text())["config"]["run"].get("pipelined")
+    if pipelined or len(summary["step_seconds"]) < steady_from:
         return {"overall_share": None, "steady_share": None, "steady_other_s_per_step": None, "first_step_s": None}
     seconds, _ = step_times(layout, len(summary["step_seconds"]))
     steps = [step_split(layout, i + 1, s) for i, s in enumerate(seconds)]
@@ -238,7 +241,7 @@ def _row_text(r: dict) -> str:
     return (f"{r['seed']:>4} {with_half(r['before'], r['before_ci95_half']):>13} "
             f"{_pct(r['best']) + ' (' + str(r['best_step']) + ')':>13} {with_half(r['final'], r['final_ci95_half']):>13} "
             f"{change:>24} {r['best_minus_final'] * 100:>10.1f} {r['pipeline_seconds']:>10.0f} {load_text:>20} "
-            f"{r['steps_per_min']:>9.1f} {_share(r['first_step_s'], '.2f'):>8} {_share(r['overall_share'], '.1%'):>8} "
+            f"{_share(r['steps_per_min'], '.1f'):>9} {_share(r['first_step_s'], '.2f'):>8} {_share(r['overall_share'], '.1%'):>8} "
             f"{_share(r['steady_share'], '.1%'):>8}")
 
 
@@ -279,7 +282,9 @@ def run_seeds(args: argparse.Namespace) -> int:
           + (f" (95% t interval {ci[0] * 100:+.1f} to {ci[1] * 100:+.1f})" if ci else ""))
     secs = [r["pipeline_seconds"] for r in rows]
     print(f"pipeline seconds: median {statistics.median(secs):.0f}, max {max(secs):.0f}")
-    print(f"steps/min over the step loop: median {statistics.median(r['steps_per_min'] for r in rows):.1f}")
+    rates = [r["steps_per_min"] for r in rows if r["steps_per_min"] is not None]
+    if rates:
+        print(f"steps/min over the step loop: median {statistics.median(rates):.1f}")
     shares = {key: _spread([r[key] for r in rows]) for key in ("overall_share", "steady_share", "first_step_s")
               if all(r[key] is not None for r in rows)}
     if shares:
