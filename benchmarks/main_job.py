@@ -1,10 +1,11 @@
 """Benchmark the main job: `dapo run --config configs/tiny-cpu.yaml` from scratch, then again.
 
 Prints held-out accuracy before/after, total wall time, the cached re-run's time, and per step
-the split between generation (vLLM, the rollout manifests' ``seconds``), gradient computation
-(old log-probs + updates in the DeepSpeed workers, ``train_timings.json``) and everything else
-(process and worker-group start, scoring, shard I/O and validation, checkpoint export and
-publish, digests, Flyte's bookkeeping, tracking, the report). A step's time runs from the end
+the split between generation (vLLM's ``generate``, the rollout manifests' ``generate_seconds``),
+gradient computation (old log-probs + updates in the DeepSpeed workers, ``train_timings.json``)
+and everything else (process and worker-group start, the new weights' reload into vLLM, scoring,
+shard I/O and validation, checkpoint export and publish, digests, Flyte's bookkeeping, tracking,
+the report). A step's time runs from the end
 of the previous step to the end of this one (its metrics shard's record is written last), so
 the previous step's tracking, retention and report refresh count; evaluations between steps
 are reported apart. Shares are given overall, in steady state (steps ``--steady-from``..N) and
@@ -102,10 +103,15 @@ def step_times(layout: RunLayout, steps: int) -> tuple[list[float], dict[int, fl
 
 
 def step_split(layout: RunLayout, step: int, step_seconds: float) -> dict[str, float]:
-    """Seconds of generation, gradient computation and the rest for one step."""
-    generation = sum(
-        json.loads(p.read_text())["seconds"] for p in Path(layout.step_dir(step)).glob("rollouts/*.manifest.json")
-    )
+    """Seconds of generation, gradient computation and the rest for one step.
+
+    Generation is the time in vLLM's ``generate`` (a manifest's ``generate_seconds``); the rest of
+    a rollout round (reloading the new weights into the engine, tokenizing) counts as the rest. A
+    run folder from before that field reads the whole round as generation.
+    """
+    manifests = [json.loads(p.read_text()) for p in Path(layout.step_dir(step)).glob("rollouts/*.manifest.json")]
+    generation = sum(m.get("generate_seconds", m["seconds"]) for m in manifests)
+    rollout_rest = sum(m["seconds"] for m in manifests) - generation
     timings = json.loads((Path(layout.checkpoint(step)) / "train_timings.json").read_text())
     gradient = timings.get("old_log_probs_s", 0.0) + timings.get("updates_s", 0.0)
     other = max(0.0, step_seconds - generation - gradient)
@@ -115,6 +121,7 @@ def step_split(layout: RunLayout, step: int, step_seconds: float) -> dict[str, f
         "gradient_s": gradient,
         "other_s": other,
         "other_share": other / step_seconds if step_seconds else float("nan"),
+        "rollout_outside_generate_s": rollout_rest,  # weight reload into the engine, tokenizing
         "worker_group_start_s": timings.get("group_start_s", 0.0),  # processes up, DeepSpeed imported
         "worker_load_s": timings.get("load_s", 0.0),  # policy + optimizer state into the engine
         "train_launch_overhead_s": timings.get("launch_overhead_s", 0.0),  # train task time outside the workers' work

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -156,13 +156,22 @@ def _request_list(
     return requests
 
 
+@dataclass(frozen=True)
+class GeneratedPart:
+    """One engine's results and the seconds it spent in vLLM's ``generate`` alone (not in starting
+    the engine or reloading its weights, which the round's ``seconds`` include)."""
+
+    results: list[dict[str, Any]]  # one per request, in request order
+    generate_seconds: float
+
+
 def generate_part(
     checkpoint_dir: str,
     settings: vllm_engine.EngineSettings,
     sampling: dict[str, Any],
     requests: list[dict[str, Any]],
     label: str = "",
-) -> list[dict[str, Any]]:
+) -> GeneratedPart:
     """Generate ``requests`` on this process's engine for ``checkpoint_dir``; one result dict each.
 
     Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
@@ -173,7 +182,9 @@ def generate_part(
     params = [SamplingParams(n=1, logprobs=0, seed=r["seed"], **sampling) for r in requests]
     with vllm_engine.engine_in_use():  # pipelined: a rollout and an evaluation may come from two threads
         llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
+        started = time.perf_counter()
         outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
+        generate_seconds = time.perf_counter() - started
     results = []
     for request, output in zip(requests, outputs):
         completion = output.outputs[0]
@@ -190,13 +201,13 @@ def generate_part(
                 "finish_reason": completion.finish_reason,
             }
         )
-    return results
+    return GeneratedPart(results, generate_seconds)
 
 
 class _EngineActor:
     """A Ray actor holding one engine on one GPU; its engine survives across calls (reload)."""
 
-    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
+    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> GeneratedPart:
         # The actor may sit on another node than the task body: it fetches the checkpoint itself
         # (once per checkpoint and node; a path on a shared filesystem is used in place).
         return generate_part(str(run_store.fetch(checkpoint_dir)), settings, sampling, requests, label)
@@ -204,7 +215,7 @@ class _EngineActor:
 
 def _ray_generate(
     checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]]
-) -> list[list[dict[str, Any]]]:
+) -> list[GeneratedPart]:
     """Run each part on its own GPU engine (Ray actors, started once per process and reused)."""
     import ray
 
@@ -252,13 +263,16 @@ def _engine_count(engines: int | None, config: RolloutConfig, gpus: int) -> int:
 def _generate_parts(
     source: str, checkpoint_dir: Path, settings: vllm_engine.EngineSettings, sampling: dict[str, Any],
     parts: list[list[dict[str, Any]]], *, on_ray: bool,
-) -> list[dict[str, Any]]:
-    """Every part's results, in part order: on Ray actors (each fetches ``source``) or one after
-    another on this process's engine."""
+) -> tuple[list[dict[str, Any]], float]:
+    """Every part's results, in part order, and the seconds spent generating: on Ray actors (each
+    fetches ``source``; the parts generate at once, so the longest part's) or one after another on
+    this process's engine (the sum)."""
     if on_ray:
-        return [r for part in _ray_generate(source, settings, sampling, parts) for r in part]
-    return [r for i, part in enumerate(parts)
-            for r in generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")]
+        done = _ray_generate(source, settings, sampling, parts)
+        return [r for part in done for r in part.results], max(part.generate_seconds for part in done)
+    done = [generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
+            for i, part in enumerate(parts)]
+    return [r for part in done for r in part.results], sum(part.generate_seconds for part in done)
 
 
 def _rollout_rows(
@@ -293,6 +307,7 @@ def _rollout_rows(
 def _manifest(
     rows: list[dict[str, Any]], config: RolloutConfig, *, source: str, checkpoint_id: str, policy_version: int,
     generation_round: int, seed: int, max_model_len: int, engines: int, on_ray: bool, prompts: int, seconds: float,
+    generate_seconds: float,
 ) -> dict[str, Any]:
     """What the shard's manifest records: inputs, log-prob mode, settings, engines and timings."""
     tokens = sum(r["response_length"] for r in rows)
@@ -311,7 +326,8 @@ def _manifest(
         "prompts": prompts,
         "samples": len(rows),
         "response_tokens": tokens,
-        "seconds": round(seconds, 3),
+        "seconds": round(seconds, 3),  # the whole round: engine start or weight reload, tokenizing, generating
+        "generate_seconds": round(generate_seconds, 3),  # in vLLM's generate alone
         "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
     }
 
@@ -349,13 +365,13 @@ def generate_rollouts(
     on_ray = len(parts) > 1 and gpus > 1
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
-    results = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray)
+    results, generate_seconds = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray)
     rows = _rollout_rows(results, checkpoint_id=info.checkpoint_id, seed=seed, policy_version=policy_version,
                          generation_round=generation_round)
     manifest = _manifest(
         rows, config, source=source, checkpoint_id=info.checkpoint_id, policy_version=policy_version,
         generation_round=generation_round, seed=seed, max_model_len=max_model_len, engines=len(parts),
-        on_ray=on_ray, prompts=len(problems), seconds=time.perf_counter() - started,
+        on_ray=on_ray, prompts=len(problems), seconds=time.perf_counter() - started, generate_seconds=generate_seconds,
     )
     return rows, manifest
 

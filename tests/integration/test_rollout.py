@@ -6,8 +6,10 @@ vLLM with transformers on the same fp32 weights, and the shards with themselves.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -183,6 +185,28 @@ def test_reload_equals_fresh_engine(checkpoint: Path, problem_shard: Path, workd
     assert _greedy_vllm(checkpoint, prompts, 16) == fresh_a
 
 
+def test_the_manifest_counts_a_weight_reload_outside_generation(
+    checkpoint: Path, problem_shard: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The round's ``seconds`` include loading the new policy's weights into the engine; a step-time
+    # split (benchmarks/main_job.py) must not count that as generation. A reload made 0.5 s slower
+    # shows up in ``seconds`` and not in ``generate_seconds``.
+    slow = 0.5
+    reload = vllm_engine.reload_weights
+
+    def slow_reload(llm, folder):
+        time.sleep(slow)
+        return reload(llm, folder)
+
+    monkeypatch.setattr(vllm_engine, "reload_weights", slow_reload)
+    other = tiny_policy.build_random_checkpoint(workdir / "ckpt-c", seed=2)
+    for folder, name in ((other, "m1"), (checkpoint, "m2")):  # each a reload: the engine held another
+        out = ro.rollout_shard(folder, [str(problem_shard)], None, workdir / f"{name}.parquet", _config(),
+                               seed=3, policy_version=0, generation_round=0)
+        manifest = json.loads(Path(str(out) + ".manifest.json").read_text())
+        assert 0 < manifest["generate_seconds"] <= manifest["seconds"] - slow, manifest
+
+
 def test_prompt_over_context_limit_names_the_problem(checkpoint: Path, problem_shard: Path) -> None:
     problems = ro.load_problems([str(problem_shard)], None)
     with pytest.raises(ro.RolloutError, match=problems[0]["problem_id"]):
@@ -288,8 +312,9 @@ def test_a_round_whose_prompts_exceed_one_engine_step_samples_as_small_parts_do(
                 for i, t in enumerate(ids) for s in range(2)]
     settings = ro.engine_settings(_config(), 256)
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8}
-    whole = ro.generate_part(str(checkpoint), settings, sampling, requests)
-    parts = [r for i in range(0, len(requests), 4) for r in ro.generate_part(str(checkpoint), settings, sampling, requests[i:i + 4])]
+    whole = ro.generate_part(str(checkpoint), settings, sampling, requests).results
+    parts = [r for i in range(0, len(requests), 4)
+             for r in ro.generate_part(str(checkpoint), settings, sampling, requests[i:i + 4]).results]
     assert [r["response_token_ids"] for r in whole] == [r["response_token_ids"] for r in parts]
     for a, b in zip(whole, parts):
         assert a["rollout_log_probs"] == pytest.approx(b["rollout_log_probs"], abs=1e-5)
