@@ -10,15 +10,13 @@ consolidation called and whether every tensor equals DeepSpeed's own full fp32 p
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import run_single_rank  # noqa: E402
 
 CONSOLIDATE = """
 import json, sys
@@ -62,12 +60,6 @@ print("RESULT " + json.dumps({
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engines.tiny_policy import build_random_checkpoint
@@ -77,13 +69,8 @@ def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _consolidate(parent: Path, precision: str, zero_stage: int) -> dict:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-c", CONSOLIDATE, str(parent), precision, str(zero_stage)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    stdout = run_single_rank(CONSOLIDATE, str(parent), precision, str(zero_stage), timeout_s=300)
+    return json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
 @pytest.mark.parametrize("zero_stage", [1, 2])

@@ -11,13 +11,11 @@ tests/integration/test_train.py (two ranks over gloo give the update of one proc
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import run_single_rank  # noqa: E402
 
 JOIN = """
 import torch.distributed as dist
@@ -28,23 +26,12 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_cpu_rank_joins_without_building_the_shm_comm_op(tmp_path: Path) -> None:
     extensions = tmp_path / "torch_extensions"
     extensions.mkdir()
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "",
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     # 180 s: joining takes seconds; compiling the op took 50-300 s, so a regression fails either way
-    proc = subprocess.run([sys.executable, "-c", JOIN], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "rank 0 sum [1.5, 2.0]" in proc.stdout
+    stdout = run_single_rank(JOIN, timeout_s=180, env={"TORCH_EXTENSIONS_DIR": str(extensions)})
+    assert "rank 0 sum [1.5, 2.0]" in stdout
     assert sorted(p.name for p in extensions.rglob("*")) == [], "a DeepSpeed op was JIT-compiled on join"
 
 
@@ -73,13 +60,8 @@ def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: 
     from engines.tiny_policy import build_random_checkpoint
 
     parent = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-c", BUILD_AFTER_PRELOAD, str(parent)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    new = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("NEW "))[4:])
+    stdout = run_single_rank(BUILD_AFTER_PRELOAD, str(parent), timeout_s=300)
+    new = json.loads(next(line for line in stdout.splitlines() if line.startswith("NEW "))[4:])
     compiler = [m for m in new if m.startswith(("torch._inductor", "torch._dynamo", "deepspeed.runtime.zero.muon"))]
     assert compiler == [], f"imported by the first engine build: {compiler[:10]} ({len(compiler)})"
     assert len(new) < 100, new  # the model's own modules (here Qwen2's), not a library

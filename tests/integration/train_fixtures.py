@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,26 @@ import torch
 import schemas
 
 PROBLEM_ID = "0123456789abcdef"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_single_rank(script: str, *args: str, timeout_s: float, env: dict[str, str] | None = None) -> str:
+    """Run ``python -c script args`` as rank 0 of a one-rank gloo group on the CPU, from the
+    repository root with one OpenMP thread; returns its stdout (the test fails on a non-zero exit)."""
+    full_env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]), **(env or {})}
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=REPO, env=full_env, capture_output=True,
+                          text=True, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
 
 
 def scored_row(rollout_id: str, prompt: list[int], response: list[int], advantage: float, *,
