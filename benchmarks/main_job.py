@@ -5,10 +5,9 @@ the split between generation (vLLM's ``generate``, the rollout manifests' ``gene
 gradient computation (old log-probs + updates in the DeepSpeed workers, ``train_timings.json``)
 and everything else (process and worker-group start, the new weights' reload into vLLM, scoring,
 shard I/O and validation, checkpoint export and publish, digests, Flyte's bookkeeping, tracking,
-the report). A step's time runs from the end
-of the previous step to the end of this one (its metrics shard's record is written last), so
-the previous step's tracking, retention and report refresh count; evaluations between steps
-are reported apart. Shares are given overall, in steady state (steps ``--steady-from``..N) and
+the report). A step's time runs from the end of the previous step to the end of this one (its
+metrics shard's record is written last), so the previous step's tracking, retention and report
+refresh count; evaluations between steps are reported apart. Shares are given overall, in steady state (steps ``--steady-from``..N) and
 for the first step, which starts the DeepSpeed worker group.
 
 The first run is a fresh machine as far as a run can make it: ``TORCH_EXTENSIONS_DIR``, vLLM's
@@ -27,8 +26,8 @@ over the run (sampled every 10 s: the machine may be shared, so a run's time is 
 similar load), its steps per minute over the step loop, its first step's seconds and its share of
 step time outside generation and gradients (overall and from ``--steady-from``, as above, from the
 run folder's files); then the median, range and a t interval of the mean change over seeds, and the
-median and largest share. A seed whose
-finished run folder is already under ``--keep`` is read, not re-run. Writes
+median and largest share. A seed whose finished run folder is already under ``--keep`` is read, not
+re-run. Writes
 benchmarks/results/main_job_seeds.json (``--out``) with the commit and the CPU model.
 
     python benchmarks/main_job.py --seeds 0 1 2 3 4 [--config FILE] [--set k=v ...] [--keep DIR]
@@ -128,6 +127,12 @@ def step_split(layout: RunLayout, step: int, step_seconds: float) -> dict[str, f
     }
 
 
+def step_splits(layout: RunLayout, steps: int) -> tuple[list[dict[str, float]], dict[int, float]]:
+    """:func:`step_split` of every step of a run folder, and the evaluations' seconds by step."""
+    seconds, evals = step_times(layout, steps)
+    return [step_split(layout, i + 1, s) for i, s in enumerate(seconds)], evals
+
+
 def _totals(steps: list[dict[str, float]]) -> dict[str, float]:
     totals = {k: sum(s[k] for s in steps) for k in ("step_s", "generation_s", "gradient_s", "other_s")}
     totals["other_share"] = totals["other_s"] / totals["step_s"] if totals["step_s"] else float("nan")
@@ -167,7 +172,7 @@ class LoadSampler:
                 "max": round(max(self.samples), 2), "samples": len(self.samples)}
 
 
-def step_shares(run_dir: Path, steady_from: int) -> dict[str, float | None]:
+def step_shares(run_dir: Path, summary: dict, steady_from: int) -> dict[str, float | None]:
     """A finished run folder's share of step time outside generation and gradients, overall and in
     steady state (steps ``steady_from``..N), and its first step's seconds (fractions, not percent).
 
@@ -175,13 +180,10 @@ def step_shares(run_dir: Path, steady_from: int) -> dict[str, float | None]:
     training, so a step's time is no sum of the two and the split means nothing there; None too
     for a run of fewer steps than ``steady_from``.
     """
-    layout = RunLayout(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
     pipelined = json.loads((run_dir / "run.json").read_text())["config"]["run"].get("pipelined")
     if pipelined or len(summary["step_seconds"]) < steady_from:
         return {"overall_share": None, "steady_share": None, "steady_other_s_per_step": None, "first_step_s": None}
-    seconds, _ = step_times(layout, len(summary["step_seconds"]))
-    steps = [step_split(layout, i + 1, s) for i, s in enumerate(seconds)]
+    steps, _ = step_splits(RunLayout(run_dir), len(summary["step_seconds"]))
     overall, steady = _totals(steps), _totals(steps[steady_from - 1:])
     return {"overall_share": overall["other_share"], "steady_share": steady["other_share"],
             "steady_other_s_per_step": round(steady["other_s"] / len(steps[steady_from - 1:]), 3),
@@ -270,7 +272,7 @@ def run_seeds(args: argparse.Namespace) -> int:
             load_path.write_text(json.dumps(sampler.stats()) + "\n")
         summary = json.loads(summary_path.read_text())
         load = json.loads(load_path.read_text()) if load_path.exists() else None
-        rows.append({**seed_row(seed, summary, load), **step_shares(summary_path.parent, args.steady_from)})
+        rows.append({**seed_row(seed, summary, load), **step_shares(summary_path.parent, summary, args.steady_from)})
         print(_row_text(rows[-1]), flush=True)
 
     stats = over_seeds([r["change"] for r in rows])
@@ -336,8 +338,7 @@ def main() -> int:
         first_s, summary = _run(args.config, args.set, run_root, _fresh_caches(Path(caches)))
     load_after = os.getloadavg()
     layout = RunLayout(Path(summary["run_dir"]))
-    seconds, evals = step_times(layout, len(summary["step_seconds"]))
-    steps = [step_split(layout, i + 1, s) for i, s in enumerate(seconds)]
+    steps, evals = step_splits(layout, len(summary["step_seconds"]))
     again_s = None if args.no_rerun else _run(args.config, args.set, run_root, {})[0]
     steady = steps[args.steady_from - 1:]
     result = {
