@@ -292,11 +292,6 @@ def bootstrap_policy(
     return import_local_model(source, out_dir, link=config.link_import)
 
 
-# What a tokenizer and the context length are read from (the weights are not needed for that).
-_TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
-
-
 def policy_tokenizer_folder(source: str, scratch: Path) -> Path:
     """A folder holding the step-0 policy's tokenizer and ``config.json``, before the policy exists.
 
@@ -317,7 +312,7 @@ def policy_tokenizer_folder(source: str, scratch: Path) -> Path:
         return scratch
     if not run_store.is_remote(source):
         return Path(source).expanduser().resolve()
-    for name in _TOKENIZER_FILES:
+    for name in ("config.json", *checkpoints.TOKENIZER_FILES):  # the context length and the tokenizer, no weights
         remote = run_store.join(source, name)
         if run_store.exists(remote):
             shutil.copyfile(run_store.fetch(remote), scratch / name)

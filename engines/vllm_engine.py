@@ -37,6 +37,7 @@ import torch
 
 from engines import work_progress
 from engines.threads import cpu_threads as resolve_cpu_threads
+from storage import checkpoints
 
 if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
     from vllm import LLM, RequestOutput, SamplingParams
@@ -121,7 +122,8 @@ def gpu_count() -> int:
 def architecture_digest(checkpoint_dir: str | Path) -> str:
     """A digest of what an engine is built from apart from the weights: config and tokenizer.
 
-    Two checkpoints with the same digest can share one engine through a weight reload.
+    Two checkpoints with the same digest can share one engine through a weight reload, and one
+    tokenizer (engines/rollout.py).
     """
     folder = Path(checkpoint_dir)
     digest = hashlib.sha256()
@@ -129,7 +131,7 @@ def architecture_digest(checkpoint_dir: str | Path) -> str:
     config.pop("transformers_version", None)
     config.pop("_name_or_path", None)
     digest.update(json.dumps(config, sort_keys=True).encode())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in checkpoints.TOKENIZER_FILES:  # those it lacks count as empty
         path = folder / name
         digest.update(name.encode())
         digest.update(path.read_bytes() if path.is_file() else b"")

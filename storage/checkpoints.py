@@ -25,6 +25,10 @@ from storage import digests, run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
 WEIGHT_SUFFIXES = (".safetensors",)
+# The files a checkpoint's tokenizer is read from (fast and slow tokenizers, and the chat template
+# transformers 5 keeps apart); a checkpoint has some of them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
 _FSYNC_THREADS = 8  # files fsynced at once when a checkpoint is published
 
 

@@ -119,6 +119,61 @@ def test_sampled_log_probs_match_teacher_forcing(checkpoint: Path, problem_shard
     assert worst < 1e-4
 
 
+def test_texts_and_log_probs_are_what_the_engine_itself_reports(checkpoint: Path, problem_shard: Path) -> None:
+    # A round asks vLLM for no detokenizing and flat log-probs, and decodes the texts itself; the
+    # same requests through vLLM's own detokenizer and per-position log-prob dicts must give the
+    # same texts and log-probs (the random policy also samples special tokens, which both drop).
+    from vllm import SamplingParams
+
+    problems = ro.load_problems([str(problem_shard)], None)
+    config = _config(samples_per_prompt=8, max_response_tokens=16)
+    rows, _ = ro.generate_rollouts(checkpoint, problems, config, seed=5, policy_version=0, generation_round=0)
+    llm, _ = vllm_engine.get_engine(checkpoint, ro.engine_settings(config, 256))
+    params = [SamplingParams(n=1, logprobs=0, seed=row["seed"], temperature=1.0, top_p=1.0, max_tokens=16)
+              for row in rows]
+    outputs = vllm_engine.generate(llm, [row["prompt_token_ids"] for row in rows], params)
+    own = [out.outputs[0] for out in outputs]
+    assert [row["response_token_ids"] for row in rows] == [list(c.token_ids) for c in own]
+    assert [row["response_text"] for row in rows] == [c.text for c in own]
+    assert [row["rollout_log_probs"] for row in rows] == [
+        [position[token].logprob for position, token in zip(c.logprobs, c.token_ids)] for c in own
+    ]
+    specials = {llm.get_tokenizer().eos_token_id, llm.get_tokenizer().pad_token_id}
+    assert any(specials & set(row["response_token_ids"]) for row in rows)  # the texts dropped some
+
+
+def test_a_log_prob_record_of_another_layout_names_the_problem() -> None:
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    flat = FlatLogprobs()
+    for token, value in ((4, -0.5), (7, -1.25)):
+        flat.append({token: Logprob(value, rank=1)})
+    assert ro.sampled_log_probs(flat, [4, 7], problem="p") == [-0.5, -1.25]
+    with pytest.raises(ro.RolloutError, match="problem p9"):
+        ro.sampled_log_probs(flat, [4, 8], problem="p9")  # not the sampled tokens
+    with pytest.raises(ro.RolloutError, match="problem p9"):
+        ro.sampled_log_probs([{4: Logprob(-0.5)}, {7: Logprob(-1.25)}], [4, 7], problem="p9")  # per-position dicts
+    two = FlatLogprobs()
+    two.append({4: Logprob(-0.5), 9: Logprob(-2.0)})
+    with pytest.raises(ro.RolloutError, match="problem p9"):
+        ro.sampled_log_probs(two, [4, 9], problem="p9")  # two entries at one position
+
+
+def test_a_changed_chat_template_is_not_served_from_the_tokenizer_kept_for_its_folder(checkpoint: Path, tmp_path: Path) -> None:
+    # Tokenizers are kept between rounds, keyed by the tokenizer files' contents: a checkpoint
+    # whose template differs (here it puts "1" before the prompt) must be tokenized with its own.
+    import shutil
+
+    other = tmp_path / "templated"
+    shutil.copytree(checkpoint, other)
+    before = ro.tokenize_prompts(other, ["3+4=\n"])
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = "1{{ messages[-1]['content'] }}"
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    assert before == [[6, 13, 7, 15, 16]]
+    assert ro.tokenize_prompts(other, ["3+4=\n"]) == [[4, 6, 13, 7, 15, 16]]
+
+
 def test_shard_validates_and_flags_truncation(checkpoint: Path, problem_shard: Path, workdir: Path) -> None:
     out = ro.rollout_shard(checkpoint, [str(problem_shard)], None, workdir / "r0.parquet", _config(),
                            seed=1, policy_version=0, generation_round=0)
