@@ -11,7 +11,10 @@ sampling modes, one of each per repeat, so that the modes see about the same loa
 average is recorded per measurement):
 
 * ``pipeline``: exactly what engines/rollout.py asks for: one request per sample (``n=1``) with
-  its own seed and ``logprobs=0`` (the sampled token's log-prob);
+  its own seed and ``logprobs=0`` (the sampled token's log-prob, in vLLM's flat lists), no
+  detokenizing in the engine, and the texts decoded in one batch afterwards (inside the timing);
+* ``detok``: the pipeline's earlier mode: the same requests with vLLM detokenizing (which also
+  decodes every log-prob's token) and log-probs as per-position dicts;
 * ``seeds``: the same requests without log-probs; ``logprobs``: without seeds;
 * ``plain``: ``n=samples`` per prompt, no seed, no log-probs (a bare throughput test).
 
@@ -45,7 +48,7 @@ import torch  # noqa: E402
 from engines import tiny_policy, vllm_engine
 
 
-MODES = ("pipeline", "seeds", "logprobs", "plain")
+MODES = ("pipeline", "detok", "seeds", "logprobs", "plain")
 
 
 def _build(folder: Path, args: argparse.Namespace, seed: int) -> Path:
@@ -127,8 +130,9 @@ def main() -> int:
         # As engines/rollout.py: one request per sample, each with its own seed (output independent
         # of batching and engine count) and/or the sampled token's log-prob.
         ids = [p for p in prompt_ids for _ in range(args.samples)]
-        return ids, [SamplingParams(n=1, logprobs=0 if mode in ("pipeline", "logprobs") else None,
-                                    seed=1000 + i if mode in ("pipeline", "seeds") else None, **common)
+        lean = dict(flat_logprobs=True, detokenize=False) if mode == "pipeline" else {}
+        return ids, [SamplingParams(n=1, logprobs=0 if mode in ("pipeline", "detok", "logprobs") else None,
+                                    seed=1000 + i if mode in ("pipeline", "detok", "seeds") else None, **lean, **common)
                      for i in range(len(ids))]
 
     def timed_vllm(mode: str) -> tuple[float, int]:
@@ -136,6 +140,8 @@ def main() -> int:
         llm.generate([{"prompt_token_ids": p} for p in ids[:2]], sp[:2], use_tqdm=False)  # warm-up
         started = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
+        if mode == "pipeline":  # the rollout decodes the texts itself (engines/rollout.generate_part)
+            llm.get_tokenizer().batch_decode([list(o.outputs[0].token_ids) for o in outs], skip_special_tokens=True)
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     modes = tuple(args.modes)

@@ -47,6 +47,11 @@ LOGPROBS_MODE = "raw_logprobs"
 # Tokens one CPU engine step may schedule (vLLM 0.32's default for an offline CPU engine); raised
 # to max_model_len when that is larger, since CPU engines prefill each prompt whole.
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
+# Requests handed to the engine at once (``generate``'s chunks) and sequences it schedules together:
+# equal, so a chunk runs as one wave. vLLM's 256 split the main job's 384-request round (48 prompts x
+# G=8) into two waves, each paying the scheduler's per-step cost: one wave takes 11% less time, with
+# the same samples (benchmarks/RESULTS.md).
+MAX_NUM_SEQS = 512
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class EngineSettings:
     cpu_threads: int = 0  # OpenMP threads on CPU; 0 = all cores this process may use
     cpu_kvcache_gib: int = 1  # KV-cache budget on CPU (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.85  # fraction of GPU memory vLLM may take (CUDA only)
-    max_num_seqs: int = 256  # sequences scheduled together
+    max_num_seqs: int = MAX_NUM_SEQS  # sequences scheduled together
     enforce_eager: bool = True  # no CUDA graphs / compilation: faster start, fine for small runs
     enable_prefix_caching: bool = True  # G samples of one prompt share its prefill
     tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM tensor parallel; CUDA only)
@@ -303,7 +308,7 @@ def generate(
     sampling_params: Sequence[SamplingParams],
     *,
     progress_label: str = "",
-    chunk_requests: int = 512,
+    chunk_requests: int = MAX_NUM_SEQS,
 ) -> list[RequestOutput]:
     """Generate one output per request, in request order, with a progress line on stderr.
 
