@@ -8,7 +8,6 @@ of the config and of task outputs, so a re-run replays it exactly over cache hit
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import math
 import platform
@@ -26,7 +25,7 @@ from flyte.io import Dir, File
 
 import schemas
 from dapo_core.intervals import paired_change
-from engines import threads
+from engines import gc_heap, threads
 from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, warmup_problem_ids
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
@@ -509,18 +508,6 @@ def _summary(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], stages
     }
 
 
-def freeze_long_lived() -> None:
-    """Take every object alive now out of the cyclic garbage collector's full scans, for good.
-
-    What exists when the steps begin (the engine, the problem pools, the loaded modules) lives to
-    the end of the run, and each full collection walked all of it again: ~160 ms every third step
-    of the main job, mostly inside generation. Frozen after a full collection, so no garbage is
-    kept; objects made later are collected as usual (benchmarks/RESULTS.md: GC ~58 -> ~7 ms a step).
-    """
-    gc.collect()
-    gc.freeze()
-
-
 async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], *, started: float,
                            live_report: bool = True) -> dict[str, Any]:
     """The DAPO steps from ``prepared`` (see ``prepare_run``), evaluations, report and summary.json.
@@ -535,8 +522,11 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     progress.begin(drv.name, drv.steps)
     settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
                             max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed, pipelined=drv.pipelined)
-    freeze_long_lived()
-    plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
+    gc_heap.freeze_long_lived()  # what the steps find (engine, pools) lives as long as they run
+    try:
+        plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
+    finally:
+        gc_heap.thaw()  # a process running more than one pipeline (ablation, tests) frees each one's
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
     stages.track()
