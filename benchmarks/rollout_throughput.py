@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engines import tiny_policy, vllm_engine
+from engines import rollout, tiny_policy, vllm_engine
 
 
 MODES = ("pipeline", "detok", "seeds", "logprobs", "plain")
@@ -130,9 +130,10 @@ def main() -> int:
         # As engines/rollout.py: one request per sample, each with its own seed (output independent
         # of batching and engine count) and/or the sampled token's log-prob.
         ids = [p for p in prompt_ids for _ in range(args.samples)]
-        lean = dict(flat_logprobs=True, detokenize=False) if mode == "pipeline" else {}
-        return ids, [SamplingParams(n=1, logprobs=0 if mode in ("pipeline", "detok", "logprobs") else None,
-                                    seed=1000 + i if mode in ("pipeline", "detok", "seeds") else None, **lean, **common)
+        if mode == "pipeline":
+            return ids, [rollout.request_params(1000 + i, common) for i in range(len(ids))]
+        return ids, [SamplingParams(n=1, logprobs=0 if mode in ("detok", "logprobs") else None,
+                                    seed=1000 + i if mode in ("detok", "seeds") else None, **common)
                      for i in range(len(ids))]
 
     def timed_vllm(mode: str) -> tuple[float, int]:
@@ -141,7 +142,7 @@ def main() -> int:
         started = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
         if mode == "pipeline":  # the rollout decodes the texts itself (engines/rollout.generate_part)
-            llm.get_tokenizer().batch_decode([list(o.outputs[0].token_ids) for o in outs], skip_special_tokens=True)
+            rollout.response_texts(llm.get_tokenizer(), [list(o.outputs[0].token_ids) for o in outs])
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     modes = tuple(args.modes)

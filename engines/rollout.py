@@ -193,13 +193,7 @@ def generate_part(
     Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
     token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
     """
-    from vllm import SamplingParams
-
-    # The sampled token's log-prob only (logprobs=0), kept in vLLM's flat lists; no detokenizing in
-    # the engine, which would also decode the token of every log-prob: the texts are decoded once,
-    # below. Together 15-20% of a tiny-policy round's time (benchmarks/RESULTS.md).
-    params = [SamplingParams(n=1, logprobs=0, flat_logprobs=True, detokenize=False, seed=r["seed"], **sampling)
-              for r in requests]
+    params = [request_params(r["seed"], sampling) for r in requests]
     with vllm_engine.engine_in_use():  # pipelined: a rollout and an evaluation may come from two threads
         llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
         started = time.perf_counter()
@@ -208,8 +202,7 @@ def generate_part(
         tokenizer = llm.get_tokenizer()
     completions = [output.outputs[0] for output in outputs]
     token_ids = [list(completion.token_ids) for completion in completions]
-    # What the engine's detokenizer would have given (tests/integration/test_rollout.py checks it).
-    texts = tokenizer.batch_decode(token_ids, skip_special_tokens=True)
+    texts = response_texts(tokenizer, token_ids)
     results = []
     for request, completion, ids, text in zip(requests, completions, token_ids, texts):
         results.append(
@@ -222,6 +215,26 @@ def generate_part(
             }
         )
     return GeneratedPart(results, generate_seconds)
+
+
+def request_params(seed: int, sampling: dict[str, Any]) -> Any:
+    """One request's vLLM ``SamplingParams`` as a round asks for them (``sampling``: temperature,
+    top_p, max_tokens, ...).
+
+    The sampled token's log-prob only (``logprobs=0``), kept in vLLM's flat lists; no detokenizing
+    in the engine, which would also decode the token of every log-prob: the texts are decoded once
+    per round (``response_texts``). Together 15-20% of a tiny-policy round's time
+    (benchmarks/RESULTS.md).
+    """
+    from vllm import SamplingParams
+
+    return SamplingParams(n=1, logprobs=0, flat_logprobs=True, detokenize=False, seed=seed, **sampling)
+
+
+def response_texts(tokenizer: Any, token_ids: list[list[int]]) -> list[str]:
+    """The responses' texts, one batch decode: what the engine's detokenizer would have given
+    (tests/integration/test_rollout.py checks it)."""
+    return tokenizer.batch_decode(token_ids, skip_special_tokens=True)
 
 
 def sampled_log_probs(logprobs: Any, token_ids: list[int], *, problem: str) -> list[float]:

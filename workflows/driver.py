@@ -526,7 +526,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     try:
         plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
     finally:
-        gc_heap.thaw()  # a process running more than one pipeline (ablation, tests) frees each one's
+        gc_heap.thaw()  # so a process running several pipelines (ablation, tests) can free each one's objects
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
     stages.track()
