@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Self
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from scratch import scratch_dir  # noqa: E402  (benchmarks/scratch.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -255,8 +256,13 @@ def _row_text(r: dict) -> str:
 
 
 def run_seeds(args: argparse.Namespace) -> int:
-    """One run per seed, the per-seed table and the spread over seeds; writes ``args.out``."""
-    run_root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dapo-main-job-seeds-"))
+    """One run per seed, the per-seed table and the spread over seeds; writes ``args.out``. The run
+    folders stay under ``--keep`` (a finished seed there is read, not run again), else they go."""
+    with scratch_dir(args.keep, "dapo-main-job-seeds-") as run_root:
+        return _run_seeds(args, run_root)
+
+
+def _run_seeds(args: argparse.Namespace, run_root: Path) -> int:
     rows = []
     for seed in args.seeds:
         name = f"seed-{seed}"
@@ -330,9 +336,15 @@ def main() -> int:
         return run_seeds(args)
     args.out = args.out or str(REPO / "benchmarks" / "results" / "main_job.json")
 
-    run_root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dapo-main-job-"))
-    if args.keep and run_root.exists():
-        shutil.rmtree(run_root)
+    if args.keep and Path(args.keep).exists():
+        shutil.rmtree(args.keep)  # the first run starts from scratch
+    with scratch_dir(args.keep, "dapo-main-job-") as run_root:
+        return run_once(args, run_root)
+
+
+def run_once(args: argparse.Namespace, run_root: Path) -> int:
+    """The main job from scratch with fresh caches, then (unless ``--no-rerun``) again over its
+    cache; the step-time split of the first run; writes ``args.out``."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dapo-main-job-caches-") as caches:
         first_s, summary = _run(args.config, args.set, run_root, _fresh_caches(Path(caches)))

@@ -34,11 +34,11 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from scratch import scratch_dir  # noqa: E402  (benchmarks/scratch.py)
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -79,7 +79,12 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    with scratch_dir(None, "rollout-bench-") as work:  # the two policies' checkpoints
+        return _compare(args, work)
+
+
+def _compare(args: argparse.Namespace, work: Path) -> int:
+    """Both engines on the same requests, ``args.repeats`` times; writes ``args.out``."""
     ckpt_a, ckpt_b = _build(work / "a", args, 0), _build(work / "b", args, 1)
     from transformers import AutoModelForCausalLM
 

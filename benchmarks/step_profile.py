@@ -23,11 +23,12 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
+
+from scratch import scratch_dir  # (benchmarks/scratch.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -145,18 +146,18 @@ def main() -> int:
         original(report)
 
     progress.step_done = step_done
-    run_root = args.run_root or tempfile.mkdtemp(prefix="dapo-profile-")
-    argv = ["run", "--config", args.config, "--run-root", run_root]
-    for item in args.set:
-        argv += ["--set", item]
     load_before = os.getloadavg()
     sampler = Sampler(args.interval_ms / 1000)
-    sampler.start()
-    started = time.perf_counter()
-    rc = cli.main(argv)
-    wall = time.perf_counter() - started
-    sampler.stop.set()
-    sampler.join()
+    with scratch_dir(args.run_root, "dapo-profile-") as run_root:
+        argv = ["run", "--config", args.config, "--run-root", str(run_root)]
+        for item in args.set:
+            argv += ["--set", item]
+        sampler.start()
+        started = time.perf_counter()
+        rc = cli.main(argv)
+        wall = time.perf_counter() - started
+        sampler.stop.set()
+        sampler.join()
     if rc != 0:
         sys.exit(f"dapo run exited {rc}")
     if len(ends) <= args.warm_steps:
