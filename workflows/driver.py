@@ -341,6 +341,7 @@ class _PipelineStages:
         self.checkpoint: str = prepared["checkpoint"]
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
         self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
+        self.retention_settled: set[int] = set()  # steps whose checkpoint is pruned for good (storage/pruning.py)
         # The policy as it stood after each finished step: (checkpoint, the step that trained it). A
         # round asks for one by step (workflows/step_loop.py): pipelined, step N+1's rounds use the
         # policy after step N-1 while step N trains and moves self.checkpoint on.
@@ -436,7 +437,8 @@ class _PipelineStages:
         drv = self.cfg.run
         removed = pruning.apply_retention(self.checkpoint_paths, latest=self.policy_step,
                                           keep_optimizer_last=drv.keep_optimizer_checkpoints,
-                                          keep_weights_every=drv.keep_weights_every_steps)
+                                          keep_weights_every=drv.keep_weights_every_steps,
+                                          settled=self.retention_settled)
         if removed:
             progress.note(f"[retention] after step {step}: pruned {len(removed)} file(s) of older checkpoints "
                           f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "

@@ -140,3 +140,28 @@ def test_dapo_verify_prints_pruned_checkpoints_and_exits_0(tmp_path: Path, capsy
     out = capsys.readouterr()
     assert f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state" in out.out
     assert "23 recorded file(s) checked, 4 checkpoint(s) pruned by the retention policy, intact" in out.err
+
+
+def test_the_driver_checks_each_old_checkpoint_once_not_every_step(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A checkpoint that left the last K never changes plan again, so pruning after step N must
+    # not read the records of every older checkpoint again: that grew with the run (17 ms a step
+    # at step 150 of the main job; on an object store, requests for each of 1,000 checkpoints).
+    layout = RunLayout(root)
+    run_store.write_text(layout.run_record, "{}")
+    calls: list[str] = []
+    real = pruning.prune_checkpoint
+    monkeypatch.setattr(pruning, "prune_checkpoint", lambda path, keep: calls.append(path) or real(path, keep))
+    paths: dict[int, str] = {}
+    settled: set[int] = set()
+    for step in STEPS:  # the driver's loop: publish step N, then prune
+        paths[step] = _publish(layout, step)
+        pruning.apply_retention(paths, latest=step, keep_optimizer_last=1, keep_weights_every=2, settled=settled)
+    # K=1: steps 1..4 each left the window once; each is pruned once (step 0 and 5 stay whole).
+    assert sorted(calls) == sorted(layout.checkpoint(s) for s in range(1, 5))
+    assert settled == {1, 2, 3, 4}
+    assert not _exists(layout, 3, WEIGHTS) and _exists(layout, 4, WEIGHTS)
+    assert not any(_exists(layout, s, OPTIMIZER[0]) for s in range(1, 5)) and _exists(layout, 5, OPTIMIZER[0])
+    # A fresh driver (resume, another K/M) starts with nothing settled and checks every one once.
+    calls.clear()
+    assert pruning.apply_retention(paths, latest=5, keep_optimizer_last=1, keep_weights_every=2, settled=set()) == []
+    assert len(calls) == 4
