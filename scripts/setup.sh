@@ -7,6 +7,19 @@ command -v "$PY" >/dev/null || PY=python3
 stamp=.venv/.installed-$(cat requirements.txt requirements-nodeps.txt requirements-test.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then exit 0; fi
 
+# The install takes ~4.6 GB in .venv plus pip's downloads and unpacked wheels under TMPDIR while
+# it runs: say so before a long install fails halfway with pip's "[Errno 28] No space left".
+need_gb=${DAPO_SETUP_MIN_FREE_GB:-6}
+for dir in . "${TMPDIR:-/tmp}"; do
+  free_kb=$(df -Pk "$dir" | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kb" ] && [ "$free_kb" -lt $((need_gb * 1024 * 1024)) ]; then
+    echo "setup: $(df -P "$dir" | awk 'NR == 2 {print $6}') (holding $(cd "$dir" && pwd)) has $((free_kb / 1024)) MB free;" \
+         "installing .venv needs about ${need_gb} GB there. Free some space (or point TMPDIR elsewhere) and run it again;" \
+         "DAPO_SETUP_MIN_FREE_GB=0 skips this check." >&2
+    exit 1
+  fi
+done
+
 pip_q() {
   # Some machines' pip config lists local package folders that do not exist; pip warns about
   # each one on every lookup. Drop that noise, keep everything else and pip's exit status.
