@@ -33,7 +33,8 @@ from engines.train_launch import start_workers
 from engines.train_publish import METRICS_FILE
 from engines.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
-from storage import checkpoints, digests, pruning, run_store
+from storage import checkpoints, digests, run_store
+from storage.pruner import Pruned, Pruner
 from storage.run_layout import RunLayout
 from tasks.batch import assemble_batch
 from tasks.bootstrap import bootstrap
@@ -341,7 +342,8 @@ class _PipelineStages:
         self.checkpoint: str = prepared["checkpoint"]
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
         self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
-        self.retention_settled: set[int] = set()  # steps whose checkpoint is pruned for good (storage/pruning.py)
+        self.pruner = Pruner(keep_optimizer_last=cfg.run.keep_optimizer_checkpoints,
+                             keep_weights_every=cfg.run.keep_weights_every_steps)
         # The policy as it stood after each finished step: (checkpoint, the step that trained it). A
         # round asks for one by step (workflows/step_loop.py): pipelined, step N+1's rounds use the
         # policy after step N-1 while step N trains and moves self.checkpoint on.
@@ -428,20 +430,24 @@ class _PipelineStages:
         self._step_started = time.perf_counter()
 
     def apply_retention(self, step: int) -> None:
-        """Prune older checkpoints by ``run.keep_*`` (storage/retention_policy.py) once the step is done.
+        """Prune older checkpoints by ``run.keep_*`` (storage/retention_policy.py) once the step is done,
+        on the pruner's thread while the next step runs (storage/pruner.py).
 
         The current policy's checkpoint is the latest and stays whole: the next step trains from it
         and a resume starts there. A re-run replays this after every step; what is pruned stays
         pruned and recorded (storage/pruning.py), so the replayed calls stay cache hits.
         """
-        drv = self.cfg.run
-        removed = pruning.apply_retention(self.checkpoint_paths, latest=self.policy_step,
-                                          keep_optimizer_last=drv.keep_optimizer_checkpoints,
-                                          keep_weights_every=drv.keep_weights_every_steps,
-                                          settled=self.retention_settled)
-        if removed:
-            progress.note(f"[retention] after step {step}: pruned {len(removed)} file(s) of older checkpoints "
-                          f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
+        self.note_pruned(self.pruner.submit(step, self.checkpoint_paths, latest=self.policy_step))
+
+    def finish_retention(self) -> None:
+        """Wait for the last prune (before the summary; its error is raised here)."""
+        self.note_pruned(self.pruner.close())
+
+    def note_pruned(self, pruned: Pruned | None) -> None:
+        if pruned is not None and pruned.files:
+            drv = self.cfg.run
+            progress.note(f"[retention] after step {pruned.step}: pruned {len(pruned.files)} file(s) of older "
+                          f"checkpoints (run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
                           f"run.keep_weights_every_steps={drv.keep_weights_every_steps})")
 
     async def refresh_report(self) -> None:
@@ -529,6 +535,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
         plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
     finally:
         gc_heap.thaw()  # so a process running several pipelines (ablation, tests) can free each one's objects
+        stages.finish_retention()
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
     stages.track()
