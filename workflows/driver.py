@@ -439,9 +439,15 @@ class _PipelineStages:
         """
         self.note_pruned(self.pruner.submit(step, self.checkpoint_paths, latest=self.policy_step))
 
-    def finish_retention(self) -> None:
-        """Wait for the last prune (before the summary; its error is raised here)."""
-        self.note_pruned(self.pruner.close())
+    def finish_retention(self, *, raise_error: bool = True) -> None:
+        """Wait for the last prune (before the summary); its error is raised, or only noted when
+        the steps failed themselves."""
+        try:
+            self.note_pruned(self.pruner.close())
+        except Exception as err:
+            if raise_error:
+                raise
+            progress.note(f"[retention] the last prune failed too: {type(err).__name__}: {err}")
 
     def note_pruned(self, pruned: Pruned | None) -> None:
         if pruned is not None and pruned.files:
@@ -533,9 +539,12 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     gc_heap.freeze_long_lived()  # what the steps find (engine, pools) lives as long as they run
     try:
         plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)
+    except BaseException:
+        stages.finish_retention(raise_error=False)  # the steps' own error (or Ctrl-C) is the one to report
+        raise
     finally:
         gc_heap.thaw()  # so a process running several pipelines (ablation, tests) can free each one's objects
-        stages.finish_retention()
+    stages.finish_retention()
     if drv.steps > 0:
         stages.evals.append(await _evaluate(cfg, layout, stages.checkpoint, stages.test_paths, drv.steps))
     stages.track()
