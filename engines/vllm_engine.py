@@ -37,7 +37,7 @@ import torch
 
 from engines import work_progress
 from engines.threads import cpu_threads as resolve_cpu_threads
-from storage import checkpoints
+from storage import checkpoints, digests
 
 if TYPE_CHECKING:  # vllm is imported lazily: it is heavy and needs the environment set first
     from vllm import LLM, RequestOutput, SamplingParams
@@ -128,7 +128,9 @@ def architecture_digest(checkpoint_dir: str | Path) -> str:
     """A digest of what an engine is built from apart from the weights: config and tokenizer.
 
     Two checkpoints with the same digest can share one engine through a weight reload, and one
-    tokenizer (engines/rollout.py).
+    tokenizer (engines/rollout.py). A round asks twice (engine and tokenizer); the tokenizer files'
+    sha256s are remembered by file identity (storage/digests.py), so a Qwen-size tokenizer's ~11 MB
+    is read once, not twice a round, and a changed file (new identity) is read again.
     """
     folder = Path(checkpoint_dir)
     digest = hashlib.sha256()
@@ -139,7 +141,7 @@ def architecture_digest(checkpoint_dir: str | Path) -> str:
     for name in checkpoints.TOKENIZER_FILES:  # those it lacks count as empty
         path = folder / name
         digest.update(name.encode())
-        digest.update(path.read_bytes() if path.is_file() else b"")
+        digest.update(digests.known_file_sha256(path).encode() if path.is_file() else b"")
     return digest.hexdigest()[:16]
 
 
