@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import platform
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -344,6 +345,7 @@ class _PipelineStages:
         self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
         self.pruner = Pruner(keep_optimizer_last=cfg.run.keep_optimizer_checkpoints,
                              keep_weights_every=cfg.run.keep_weights_every_steps)
+        self._pruning_noted = False  # the first prune's line goes to the terminal, later ones to the log
         # The policy as it stood after each finished step: (checkpoint, the step that trained it). A
         # round asks for one by step (workflows/step_loop.py): pipelined, step N+1's rounds use the
         # policy after step N-1 while step N trains and moves self.checkpoint on.
@@ -450,11 +452,19 @@ class _PipelineStages:
             progress.note(f"[retention] the last prune failed too: {type(err).__name__}: {err}")
 
     def note_pruned(self, pruned: Pruned | None) -> None:
-        if pruned is not None and pruned.files:
-            drv = self.cfg.run
-            progress.note(f"[retention] after step {pruned.step}: pruned {len(pruned.files)} file(s) of older "
-                          f"checkpoints (run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
-                          f"run.keep_weights_every_steps={drv.keep_weights_every_steps})")
+        """Say what a prune deleted: the run's first on the terminal, the rest in the log (stderr),
+        so that a run that prunes after every step does not print a line for each."""
+        if pruned is None or not pruned.files:
+            return
+        drv = self.cfg.run
+        line = (f"[retention] after step {pruned.step}: pruned {len(pruned.files)} file(s) of older checkpoints "
+                f"(run.keep_optimizer_checkpoints={drv.keep_optimizer_checkpoints}, "
+                f"run.keep_weights_every_steps={drv.keep_weights_every_steps})")
+        if self._pruning_noted:
+            print(line, file=sys.stderr, flush=True)
+        else:
+            progress.note(f"{line}; later prunes are in the log")
+            self._pruning_noted = True
 
     async def refresh_report(self) -> None:
         """Redraw the run page with the steps so far (status "running", ETA), so a user watching the
