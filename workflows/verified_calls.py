@@ -52,15 +52,29 @@ async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream:
     # A record this call wrote (a new stamp) describes bytes hashed as they were written; a cache
     # hit leaves the old record, and the files it names are hashed again.
     just_made = {path for path in outputs if digests.record_stamp(path) not in (None, stamps[path])}
+    name = getattr(task, "short_name", None) or getattr(task, "name", repr(task))
+    if not must_remake(name, outputs, just_made=just_made):
+        return result
+    result = await task.override(cache="disable").aio(*args)
+    check_remade(name, outputs)
+    return result
+
+
+def must_remake(name: str, outputs: Sequence[str], *, just_made: Collection[str] = ()) -> bool:
+    """True (said as a warning, the outputs' remembered digests forgotten) when a call of the task
+    ``name`` left ``outputs`` missing or damaged: run it once more with its cache disabled, then
+    :func:`check_remade`."""
     problems = damaged_outputs(outputs, just_made=just_made)
     if not problems:
-        return result
-    name = getattr(task, "short_name", None) or task.name
+        return False
     progress.note(f"[verify] {name}: outputs not intact, making them again:\n  " + "\n  ".join(problems), warning=True)
     for path in outputs:
         digests.forget(path)
-    result = await task.override(cache="disable").aio(*args)
+    return True
+
+
+def check_remade(name: str, outputs: Sequence[str]) -> None:
+    """Raise :class:`DamagedOutputError` naming each file still missing or damaged after the re-run."""
     problems = damaged_outputs(outputs)
     if problems:
         raise DamagedOutputError(f"{name}: outputs still not intact after running again:\n  " + "\n  ".join(problems))
-    return result

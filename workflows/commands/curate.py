@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from dapo_core.answers import (
     DAPO_PROMPT_TEMPLATE,
@@ -13,8 +14,9 @@ from dapo_core.answers import (
 from engines.curation import CurateReport, curate_sources
 from readers.problem_files import CurationError
 from settings.curate import CurateConfig
-from storage import run_store
+from storage import digests, run_store
 from tasks.curate import curate
+from workflows.verified_calls import check_remade, must_remake
 
 _TEMPLATES = {"dapo": DAPO_PROMPT_TEMPLATE, "tiny": TINY_PROMPT_TEMPLATE}
 
@@ -37,6 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--flyte", action="store_true", help="run as a local Flyte task (cached) instead of in-process")
 
 
+def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> CurateReport:
+    """The curate task as a local Flyte run, cached as the pipeline caches it (workflows/driver.py):
+    the input files' contents are in the cache key (an input edited in place is curated again), and
+    a cache hit whose folder was deleted or damaged since is made again instead of being reported
+    (workflows/verified_calls.py)."""
+    import flyte
+
+    flyte.init()
+    upstream = digests.upstream_digest([spec.rsplit("@", 1)[0] for spec in inputs])
+
+    def run(task: Any) -> CurateReport:
+        outputs = flyte.run(task, inputs=inputs, out_dir=out_dir, config=config, upstream_digest=upstream).outputs()
+        return outputs if isinstance(outputs, CurateReport) else outputs[0]
+
+    stamp = digests.record_stamp(out_dir)
+    report = run(curate)
+    just_made = [out_dir] if digests.record_stamp(out_dir) not in (None, stamp) else []
+    if must_remake("curate", [out_dir], just_made=just_made):
+        report = run(curate.override(cache="disable"))
+        check_remade("curate", [out_dir])
+    return report
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """``dapo curate``: curate, print counts per split and per reason; 1 on a curation error."""
     template = args.prompt_template.encode().decode("unicode_escape") if args.prompt_template else _TEMPLATES[args.template]
@@ -51,13 +76,8 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     try:
         if args.flyte:
-            import flyte
-
-            flyte.init()
             out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
-            run = flyte.run(curate, inputs=list(args.inputs), out_dir=out_dir, config=config)
-            outputs = run.outputs()
-            report = outputs if isinstance(outputs, CurateReport) else outputs[0]
+            report = curate_on_flyte(list(args.inputs), out_dir, config)
         else:
             with run_store.output(args.out, folder=True) as local:  # a path, or an object-store URI
                 report = curate_sources(args.inputs, local, config)
