@@ -84,12 +84,18 @@ class SourceRecords:
     test_fraction: float | None = None
 
 
-def parse_input_spec(spec: str) -> InputSpec:
-    """Parse ``PATH``, ``hf:NAME``, ``synthetic:k=v,...``, each optionally ending ``@train|@test``."""
-    split = None
+def split_suffix(spec: str) -> tuple[str, str | None]:
+    """``(the source, "train" / "test" / None)`` of an input spec: its ``@train|@test`` suffix apart
+    (a path may hold "@" elsewhere)."""
     for suffix in SPLIT_SUFFIXES:
         if spec.endswith(suffix):
-            spec, split = spec[: -len(suffix)], suffix[1:]
+            return spec[: -len(suffix)], suffix[1:]
+    return spec, None
+
+
+def parse_input_spec(spec: str) -> InputSpec:
+    """Parse ``PATH``, ``hf:NAME``, ``synthetic:k=v,...``, each optionally ending ``@train|@test``."""
+    spec, split = split_suffix(spec)
     if spec.startswith("synthetic:") or spec == "synthetic":
         options: dict[str, str] = {}
         body = spec.partition(":")[2]

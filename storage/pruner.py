@@ -31,7 +31,7 @@ class Pruner:
 
     def __init__(self, *, keep_optimizer_last: int, keep_weights_every: int) -> None:
         self.keep_optimizer_last, self.keep_weights_every = keep_optimizer_last, keep_weights_every
-        self.settled: set[int] = set()  # steps whose checkpoint is pruned for good (pruning.apply_retention)
+        self._settled: set[int] = set()  # steps whose checkpoint is pruned for good (pruning.apply_retention)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[int, concurrent.futures.Future[list[str]]] | None = None
 
@@ -45,7 +45,7 @@ class Pruner:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-prune")
         future = self._pool.submit(pruning.apply_retention, dict(checkpoint_paths), latest=latest,
                                    keep_optimizer_last=self.keep_optimizer_last,
-                                   keep_weights_every=self.keep_weights_every, settled=self.settled)
+                                   keep_weights_every=self.keep_weights_every, settled=self._settled)
         self._pending = (step, future)
         return previous
 

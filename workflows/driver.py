@@ -34,6 +34,7 @@ from engines.train_launch import start_workers
 from engines.train_publish import METRICS_FILE
 from engines.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
+from readers.problem_files import split_suffix
 from storage import checkpoints, digests, run_store
 from storage.pruner import Pruned, Pruner
 from storage.run_layout import RunLayout
@@ -188,7 +189,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
     progress.begin(drv.name, drv.steps)
     progress.stage("curation")
     curated = await call_verified(curate, [layout.curate_dir], list(drv.data), str(layout.curate_dir), cfg.curate,
-                                  upstream=[spec.rsplit("@", 1)[0] for spec in drv.data])
+                                  upstream=[split_suffix(spec)[0] for spec in drv.data])
     train_paths = run_store.glob(layout.problems_dir, "train-*.parquet")
     test_paths = run_store.glob(layout.problems_dir, "test-*.parquet")
     if not train_paths or not test_paths:

@@ -16,7 +16,7 @@ cached call stays a cache hit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from storage import digests, pruning
@@ -47,23 +47,32 @@ async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream:
     something else, this call and every call downstream of it run again.
     """
     args = (*args, digests.upstream_digest(upstream))
-    stamps = {path: digests.record_stamp(path) for path in outputs}
+    stamps = record_stamps(outputs)
     result = await task.aio(*args)
-    # A record this call wrote (a new stamp) describes bytes hashed as they were written; a cache
-    # hit leaves the old record, and the files it names are hashed again.
-    just_made = {path for path in outputs if digests.record_stamp(path) not in (None, stamps[path])}
     name = getattr(task, "short_name", None) or getattr(task, "name", repr(task))
-    if not must_remake(name, outputs, just_made=just_made):
+    if not must_remake(name, outputs, stamps):
         return result
     result = await task.override(cache="disable").aio(*args)
     check_remade(name, outputs)
     return result
 
 
-def must_remake(name: str, outputs: Sequence[str], *, just_made: Collection[str] = ()) -> bool:
+Stamps = Mapping[str, "tuple[int, int, int] | None"]  # output -> its digest record's stamp (storage/digests.py)
+
+
+def record_stamps(outputs: Sequence[str]) -> Stamps:
+    """The outputs' digest-record stamps, taken before a call for :func:`must_remake`."""
+    return {path: digests.record_stamp(path) for path in outputs}
+
+
+def must_remake(name: str, outputs: Sequence[str], stamps: Stamps) -> bool:
     """True (said as a warning, the outputs' remembered digests forgotten) when a call of the task
     ``name`` left ``outputs`` missing or damaged: run it once more with its cache disabled, then
-    :func:`check_remade`."""
+    :func:`check_remade`. ``stamps``: :func:`record_stamps` from before the call.
+    """
+    # A record this call wrote (a new stamp) describes bytes hashed as they were written; a cache
+    # hit leaves the old record, and the files it names are hashed again.
+    just_made = {path for path in outputs if digests.record_stamp(path) not in (None, stamps[path])}
     problems = damaged_outputs(outputs, just_made=just_made)
     if not problems:
         return False

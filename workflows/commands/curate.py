@@ -12,11 +12,11 @@ from dapo_core.answers import (
     TINY_PROMPT_TEMPLATE,
 )
 from engines.curation import CurateReport, curate_sources
-from readers.problem_files import CurationError
+from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
 from storage import digests, run_store
 from tasks.curate import curate
-from workflows.verified_calls import check_remade, must_remake
+from workflows.verified_calls import check_remade, must_remake, record_stamps
 
 _TEMPLATES = {"dapo": DAPO_PROMPT_TEMPLATE, "tiny": TINY_PROMPT_TEMPLATE}
 
@@ -47,16 +47,15 @@ def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> Cu
     import flyte
 
     flyte.init()
-    upstream = digests.upstream_digest([spec.rsplit("@", 1)[0] for spec in inputs])
+    upstream = digests.upstream_digest([split_suffix(spec)[0] for spec in inputs])
 
     def run(task: Any) -> CurateReport:
         outputs = flyte.run(task, inputs=inputs, out_dir=out_dir, config=config, upstream_digest=upstream).outputs()
         return outputs if isinstance(outputs, CurateReport) else outputs[0]
 
-    stamp = digests.record_stamp(out_dir)
+    stamps = record_stamps([out_dir])
     report = run(curate)
-    just_made = [out_dir] if digests.record_stamp(out_dir) not in (None, stamp) else []
-    if must_remake("curate", [out_dir], just_made=just_made):
+    if must_remake("curate", [out_dir], stamps):
         report = run(curate.override(cache="disable"))
         check_remade("curate", [out_dir])
     return report
