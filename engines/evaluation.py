@@ -23,7 +23,7 @@ from engines.rollout import generate_rollouts
 from engines.verifier_pool import process_judge
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
-from storage import checkpoints, run_store
+from storage import checkpoints
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def evaluate_checkpoint(
         [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s,
         judge=process_judge(),
     )
-    checkpoint_id = checkpoints.read_info(run_store.fetch(checkpoint_dir)).checkpoint_id
+    checkpoint_id = checkpoints.read_info(checkpoints.fetch_policy(checkpoint_dir)).checkpoint_id
     out_rows = _result_rows([p.problem_id for p in problems], rows, verdicts, checkpoint_id=checkpoint_id, step=step,
                             config=config)
     schemas.write_shard(out_rows, out_path, schemas.EvalResult)

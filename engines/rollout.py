@@ -257,8 +257,9 @@ class _EngineActor:
 
     def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> GeneratedPart:
         # The actor may sit on another node than the task body: it fetches the checkpoint itself
-        # (once per checkpoint and node; a path on a shared filesystem is used in place).
-        return generate_part(str(run_store.fetch(checkpoint_dir)), settings, sampling, requests, label)
+        # (once per checkpoint and node, without its optimizer state; a path on a shared
+        # filesystem is used in place).
+        return generate_part(str(checkpoints.fetch_policy(checkpoint_dir)), settings, sampling, requests, label)
 
 
 def _ray_generate(
@@ -398,7 +399,7 @@ def generate_rollouts(
     """
     started = time.perf_counter()
     source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
-    checkpoint_dir = run_store.fetch(source)
+    checkpoint_dir = checkpoints.fetch_policy(source)
     info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
     if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
         raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")

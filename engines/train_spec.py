@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from settings.train import TrainConfig
+from storage import checkpoints
 
-DS_STATE_DIR = "ds_state"  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
+DS_STATE_DIR = checkpoints.OPTIMIZER_STATE_DIR  # DeepSpeed checkpoint (optimizer state) inside a checkpoint folder
 DS_META_FILE = "dapo_ds_meta.json"  # how the DeepSpeed state was laid out (world size, stage)
 
 

@@ -14,16 +14,18 @@ Pure arithmetic over a :class:`~infra.sizing.ClusterPlan` and stated assumptions
 Two hand-offs are priced (:func:`step_handoff`):
 
 - **naive**, as implemented today on an object store (engines/train_rank.py, engines/rollout.py,
-  storage/run_store.py: ``fetch`` copies a whole checkpoint folder): train uploads the whole
-  checkpoint; every rollout node and the Ray head (the task body) fetch it whole, optimizer state
-  included; every train node of the next step (fresh pods) fetches it whole again. All of it
-  lies on the step's critical path (the driver runs rollout and train one after the other).
+  storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
+  Ray head (the task body) fetch its weights, config and tokenizer, not the optimizer state
+  (``storage.checkpoints.fetch_policy``); every train node of the next step (fresh pods) fetches
+  the whole parent, optimizer state included. All of it lies on the step's critical path (the
+  driver runs rollout and train one after the other).
 - **designed**, modelled only: the optimizer state stays in the warm train ranks' memory between
   steps (engines/train_server.py does this within one process; on a cluster it needs train pods
   that outlive a step) and goes to the store every ``optimizer_upload_every_steps`` steps in the
   background, overlapping the next rollout (the train GPUs are idle then); each train node
-  uploads its share of the bf16 export; rollout nodes fetch the weights only. A cold start
-  (after a failure) reads the optimizer state once, not every step.
+  uploads its share of the bf16 export; rollout nodes fetch the weights only (this part is built,
+  and the naive hand-off does it too). A cold start (after a failure) reads the optimizer state
+  once, not every step.
 
 A transfer takes ``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``.
 """
@@ -141,23 +143,23 @@ def step_handoff(
     tn, rn = plan.train_nodes, plan.rollout_nodes
 
     upload = transfer_seconds(whole, w + o / tn, bw)
-    rollout_fetch = transfer_seconds((rn + 1) * whole, whole, bw)
+    rollout_fetch = transfer_seconds((rn + 1) * w, w, bw)
     train_fetch = transfer_seconds(tn * whole, whole, bw)
     naive = _cost("naive (as implemented)", [
         Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", whole, upload,
                  upload, True),
-        Transfer(f"rollout: {rn} engine node(s) + the Ray head each fetch the whole checkpoint", (rn + 1) * whole,
-                 rollout_fetch, rollout_fetch, True),
+        Transfer(f"rollout: {rn} engine node(s) + the Ray head each fetch the weights (no optimizer state)",
+                 (rn + 1) * w, rollout_fetch, rollout_fetch, True),
         Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch the whole parent", tn * whole,
                  train_fetch, train_fetch, True),
-    ], whole, (rn + 1 + tn) * whole, step_s)
+    ], whole, (rn + 1) * w + tn * whole, step_s)
 
     export = transfer_seconds(w, w / tn, bw)
     weights_fetch = transfer_seconds(rn * w, w, bw)
     state_upload = transfer_seconds(o, o / tn, bw)
     designed = _cost("designed (modelled)", [
         Transfer(f"train: each of {tn} node(s) uploads 1/{tn} of the bf16 export", w, export, export, False),
-        Transfer(f"rollout: {rn} engine node(s) fetch the weights only", rn * w, weights_fetch, weights_fetch, False),
+        Transfer(f"rollout: {rn} engine node(s) fetch the weights only", rn * w, weights_fetch, weights_fetch, True),
         Transfer(f"train: optimizer state kept in the warm ranks' memory, uploaded every {k} steps in the "
                  "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
                  False),

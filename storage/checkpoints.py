@@ -24,6 +24,9 @@ from schemas.fsync import fsync_file, fsync_folder
 from storage import digests, run_store
 
 METADATA_FILE = "dapo_checkpoint.json"
+# The DeepSpeed state (optimizer moments, fp32 master weights) inside a checkpoint folder: only a
+# training step resuming from the checkpoint reads it (engines/train_spec.py: DS_STATE_DIR).
+OPTIMIZER_STATE_DIR = "ds_state"
 WEIGHT_SUFFIXES = (".safetensors",)
 # The files a checkpoint's tokenizer is read from (fast and slow tokenizers, and the chat template
 # transformers 5 keeps apart); a checkpoint has some of them.
@@ -83,6 +86,14 @@ def read_info(folder: str | Path) -> CheckpointInfo:
         return CheckpointInfo(**json.loads(run_store.read_text(path)))
     except (json.JSONDecodeError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
+
+
+def fetch_policy(folder: str | Path) -> Path:
+    """A local copy of the checkpoint at ``folder`` for generating from it: weights, config,
+    tokenizer files and metadata, without the optimizer state (``run_store.fetch``; a path is
+    returned as it is). What rollout and evaluation nodes read: 65 GB of a Qwen2.5-32B
+    checkpoint's 459 GB (docs/CLUSTER.md, "The cost of the hand-off")."""
+    return run_store.fetch(folder, skip=(f"{OPTIMIZER_STATE_DIR}/*",))
 
 
 def staging_dir(final_dir: str | Path) -> Path:

@@ -26,7 +26,6 @@ from storage import checkpoints, digests, run_store
 from storage.retention_policy import WHOLE, Keep, checkpoint_retention
 
 PRUNED_SUFFIX = ".pruned.json"
-OPTIMIZER_STATE_DIR = "ds_state"  # engines/train_spec.py: DS_STATE_DIR (storage may not import engines)
 PARTS = ("weights", "optimizer state")
 
 
@@ -49,7 +48,7 @@ def part_of(key: str) -> str | None:
     rel = key.partition("/")[2]
     if "/" not in rel and rel.endswith(checkpoints.WEIGHT_SUFFIXES):
         return "weights"
-    if rel.startswith(OPTIMIZER_STATE_DIR + "/"):
+    if rel.startswith(checkpoints.OPTIMIZER_STATE_DIR + "/"):
         return "optimizer state"
     return None
 
@@ -77,7 +76,7 @@ def prune_checkpoint(path: str, keep: Keep) -> list[str]:
         run_store.remove(target)
         removed.append(target)
     if not run_store.is_remote(path):
-        state = Path(path) / OPTIMIZER_STATE_DIR
+        state = Path(path) / checkpoints.OPTIMIZER_STATE_DIR
         if dropped["optimizer state"] and state.is_dir():
             for folder in sorted((p for p in state.rglob("*") if p.is_dir()), reverse=True):
                 if not any(folder.iterdir()):

@@ -228,7 +228,7 @@ def check_heldout_unseen(checkpoint: str, test_paths: list[str]) -> None:
     the problems it was warmed up on: engines/policy_bootstrap.py: warmup_problem_ids), before any
     evaluation: held-out accuracy must measure what RL adds on unseen problems, not memory. A policy
     that records no warm-up problems (an imported model) is not checked."""
-    seen = warmup_problem_ids(run_store.fetch(checkpoint))
+    seen = warmup_problem_ids(checkpoints.fetch_policy(checkpoint))
     if not seen:
         return
     heldout = schemas.read_shards(run_store.fetch_all(test_paths), schemas.Problem).select(["problem_id", "problem"]).to_pylist()

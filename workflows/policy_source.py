@@ -3,10 +3,10 @@
 A user names either a checkpoint folder (``runs/tiny-cpu/checkpoints/step-0020``, a path or an
 object-store URI) or a whole run folder, which means its final checkpoint (the highest
 ``checkpoints/step-NNNN`` that is complete). The checkpoint is fetched the way rollout fetches
-one (``storage.run_store.fetch``: the path itself, or a local mirror of a URI). When it lies in a
-run folder, that run's ``run.json`` supplies the config the policy was trained with: the prompt
-template it saw (``curate.prompt_template``), its engine settings (``rollout``) and the
-evaluation's sampling (``evaluate``).
+one (``storage.checkpoints.fetch_policy``: the path itself, or a local mirror of a URI without the
+optimizer state). When it lies in a run folder, that run's ``run.json`` supplies the config the
+policy was trained with: the prompt template it saw (``curate.prompt_template``), its engine
+settings (``rollout``) and the evaluation's sampling (``evaluate``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def locate_checkpoint(target: str) -> str:
 def resolve_policy(target: str) -> PolicySource:
     """Locate ``target``'s checkpoint (``locate_checkpoint``), fetch it, read its identity and run."""
     source = locate_checkpoint(target)
-    local = run_store.fetch(source)
+    local = checkpoints.fetch_policy(source)
     info = checkpoints.read_info(local)
     run_dir = run_folder_of(source)
     return PolicySource(source=source, local_dir=local, checkpoint_id=info.checkpoint_id, step=info.step,

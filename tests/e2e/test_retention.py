@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import checkpoints, pruning
+from storage import checkpoints
 from storage.run_layout import RunLayout
 from workflows.lineage import checkpoint_lineage
 from workflows.run_records import action_records, flyte_runs
@@ -39,7 +39,7 @@ def _run(run_root: Path, steps: int) -> subprocess.CompletedProcess[str]:
 
 def _has(layout: RunLayout, step: int) -> tuple[bool, bool]:
     folder = Path(layout.checkpoint(step))
-    return any(folder.glob("*.safetensors")), (folder / pruning.OPTIMIZER_STATE_DIR).is_dir()
+    return any(folder.glob("*.safetensors")), (folder / checkpoints.OPTIMIZER_STATE_DIR).is_dir()
 
 
 def test_pruned_run_resumes_reruns_from_cache_verifies_and_traces(tmp_path: Path) -> None:

@@ -6,12 +6,13 @@ SDK's obstore filesystem, as on a cluster); the S3 cases skip when moto is not i
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 
-from storage import run_store
+from storage import checkpoints, run_store
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -113,6 +114,42 @@ def test_fetch_downloads_a_checkpoint_once_per_marker(root: str, monkeypatch: py
     run_store.write_text(run_store.join(uri, "model.safetensors"), "w2")
     run_store.write_text(run_store.join(uri, run_store.FOLDER_MARKER), '{"checkpoint_id": "w2"}')
     assert (run_store.fetch(uri) / "model.safetensors").read_bytes() == b"w2" and len(downloads) == 2
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def test_rollout_fetches_a_checkpoint_without_its_optimizer_state(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = run_store.join(root, "checkpoints", "step-0001")
+    with run_store.output(uri, folder=True) as local:
+        _write_checkpoint(local, b"w1")
+    downloaded: list[str] = []
+    real = run_store._download_folder
+    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloaded.extend(k), real(u, l, k)))
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(run_store.mirror_root()) + "-engine-node")  # an empty mirror
+    policy = checkpoints.fetch_policy(uri)
+    assert _files(policy) == [run_store.FOLDER_MARKER, "model.safetensors"]
+    assert not any("/ds_state/" in key for key in downloaded) and len(downloaded) == 2
+    assert checkpoints.fetch_policy(uri) == policy and len(downloaded) == 2  # a second round: nothing fetched
+    # A training step on the same node needs the optimizer state: the partial copy does not serve it.
+    whole = run_store.fetch(uri)
+    assert whole == policy and _files(whole) == [run_store.FOLDER_MARKER, "ds_state/rank0.pt", "model.safetensors"]
+    assert len(downloaded) == 5
+    assert checkpoints.fetch_policy(uri) == whole and len(downloaded) == 5  # the whole copy serves a rollout
+
+
+def test_a_step_written_again_on_the_node_leaves_a_whole_copy(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = run_store.join(root, "checkpoints", "step-0002")
+    with run_store.output(uri, folder=True) as local:
+        _write_checkpoint(local, b"w1")
+    shutil.rmtree(local)  # this node no longer holds it
+    assert _files(checkpoints.fetch_policy(uri)) == [run_store.FOLDER_MARKER, "model.safetensors"]
+    with run_store.output(uri, folder=True) as rewritten:  # a re-run of the step on this node
+        _write_checkpoint(rewritten, b"w1")
+    downloaded: list[str] = []
+    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: downloaded.extend(k))
+    assert (run_store.fetch(uri) / "ds_state" / "rank0.pt").is_file() and downloaded == []  # the writer's copy serves
 
 
 def test_fetch_names_what_is_missing(root: str) -> None:
