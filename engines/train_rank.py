@@ -83,6 +83,24 @@ def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
     return rank, world
 
 
+def _state_of_other_nodes(rank: int, world: int, local_rank: int) -> tuple[str, ...]:
+    """``run_store.fetch`` skip patterns for the parent's optimizer-state files of ranks on other nodes.
+
+    ZeRO writes one partition file per data-parallel rank (``[bf16_]zero_pp_rank_<r>_mp_rank_..``)
+    and each rank loads only its own (DeepSpeed without ``elastic_checkpoint``, which this project
+    never sets), so a node needs its own ranks' files of ``ds_state/``, besides the shared ones: at
+    paper scale half of the 393 GB per node on 2 train nodes. The node's ranks are torchrun's
+    contiguous block for homogeneous nodes (``GROUP_RANK`` x ``LOCAL_WORLD_SIZE``); any other
+    layout, or one node, fetches the state whole.
+    """
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    first = int(os.environ.get("GROUP_RANK", 0)) * local_world
+    if local_world >= world or rank != first + local_rank:
+        return ()
+    mine = range(first, first + local_world)
+    return tuple(f"{DS_STATE_DIR}/*/*zero_pp_rank_{r}_mp_rank_*" for r in range(world) if r not in mine)
+
+
 def _prepare_folders(job: _RankStep) -> None:
     """Empty staging and work folders, and nothing left of a killed attempt's upload."""
     if job.preparer:
@@ -170,7 +188,8 @@ def train_step_as_rank(
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
     out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir), run_store.local_path(out_uri)
+    skip = _state_of_other_nodes(rank, world, local_rank) if config.resume_optimizer else (f"{DS_STATE_DIR}/*",)
+    checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir, skip=skip), run_store.local_path(out_uri)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
     if checkpoints.is_complete(out_uri):

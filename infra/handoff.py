@@ -17,8 +17,9 @@ Two hand-offs are priced (:func:`step_handoff`):
   storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
   Ray head (the task body) fetch its weights, config and tokenizer, not the optimizer state
   (``storage.checkpoints.fetch_policy``); every train node of the next step (fresh pods) fetches
-  the whole parent, optimizer state included. All of it lies on the step's critical path (the
-  driver runs rollout and train one after the other).
+  the parent's weights and its own ranks' partitions of the optimizer state
+  (engines/train_rank.py). All of it lies on the step's critical path (the driver runs rollout and
+  train one after the other).
 - **designed**, modelled only: the optimizer state stays in the warm train ranks' memory between
   steps (engines/train_server.py does this within one process; on a cluster it needs train pods
   that outlive a step) and goes to the store every ``optimizer_upload_every_steps`` steps in the
@@ -144,15 +145,15 @@ def step_handoff(
 
     upload = transfer_seconds(whole, w + o / tn, bw)
     rollout_fetch = transfer_seconds((rn + 1) * w, w, bw)
-    train_fetch = transfer_seconds(tn * whole, whole, bw)
+    train_fetch = transfer_seconds(tn * w + o, w + o / tn, bw)
     naive = _cost("naive (as implemented)", [
         Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", whole, upload,
                  upload, True),
         Transfer(f"rollout: {rn} engine node(s) + the Ray head each fetch the weights (no optimizer state)",
                  (rn + 1) * w, rollout_fetch, rollout_fetch, True),
-        Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch the whole parent", tn * whole,
-                 train_fetch, train_fetch, True),
-    ], whole, (rn + 1) * w + tn * whole, step_s)
+        Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch the parent's weights and "
+                 f"their ranks' 1/{tn} of its optimizer state", tn * w + o, train_fetch, train_fetch, True),
+    ], whole, (rn + 1) * w + tn * w + o, step_s)
 
     export = transfer_seconds(w, w / tn, bw)
     weights_fetch = transfer_seconds(rn * w, w, bw)

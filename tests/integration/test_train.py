@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import os
 import sys
 from dataclasses import replace
@@ -312,24 +313,14 @@ def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: 
     assert not list(tmp_path.glob(".R1.staging-*"))  # staging and work folders cleaned up
 
 
-def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store(
-    runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Two elastic agents, one per "node", each with its own local mirror (no shared folder):
-    # each fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank 0 adds the
-    # marker last (engines/train_rank.py). Same update as run A; both ranks' state in the store.
+def _two_node_step(tmp_path: Path, args: dict) -> tuple[dict, list[str]]:
+    """One train step as two elastic agents, one per "node", each with its own local mirror (no
+    shared folder); returns rank 0's result and both agents' logs."""
     import socket
     import subprocess
-    from dataclasses import asdict
 
     from storage import run_store
 
-    root = "s3://dapo-test/two-nodes"
-    run_store.upload_folder(runs["ck0"], f"{root}/ck0")
-    run_store.upload_file(runs["shard1"], f"{root}/batch.parquet")
-    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False)
-    args = {"checkpoint": f"{root}/ck0", "shards": [f"{root}/batch.parquet"], "out": f"{root}/step-0001", "step": 1,
-            "config": asdict(config), "result_path": str(tmp_path / "result.json")}
     (tmp_path / "args.json").write_text(json.dumps(args))
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -348,7 +339,27 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store(
     ]
     logs = [agent.communicate(timeout=600)[0] for agent in agents]
     assert [a.returncode for a in agents] == [0, 0], "\n".join(log[-3000:] for log in logs)
-    result = json.loads((tmp_path / "result.json").read_text())
+    return json.loads(Path(args["result_path"]).read_text()), logs
+
+
+def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_and_resume_from_it(
+    runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Step 1: each node fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank
+    # 0 adds the marker last (engines/train_rank.py). Same update as run A; both ranks' state in
+    # the store. Step 2 resumes from it: each node fetches only its own rank's optimizer partition.
+    from dataclasses import asdict
+
+    from storage import run_store
+
+    root = "s3://dapo-test/two-nodes"
+    run_store.upload_folder(runs["ck0"], f"{root}/ck0")
+    run_store.upload_file(runs["shard1"], f"{root}/batch.parquet")
+    run_store.upload_file(runs["shard2"], f"{root}/batch2.parquet")
+    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False)
+    args = {"checkpoint": f"{root}/ck0", "shards": [f"{root}/batch.parquet"], "out": f"{root}/step-0001", "step": 1,
+            "config": asdict(config), "result_path": str(tmp_path / "result.json")}
+    result, _ = _two_node_step(tmp_path, args)
     assert result["checkpoint_dir"] == f"{root}/step-0001"
     names = [u.removeprefix(f"{root}/step-0001/") for u in run_store._find(f"{root}/step-0001")]
     assert any("rank_1" in n for n in names if n.startswith(DS_STATE_DIR)), names  # uploaded by node 1
@@ -361,6 +372,18 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store(
     info = checkpoints.read_info(published)
     assert info.checkpoint_id == result["checkpoint_id"] and info.inputs["scored_shards"] == [f"{root}/batch.parquet"]
     assert _max_diff(_weights(published), _weights(runs["A"].checkpoint_dir)) < ATOL
+
+    shutil.rmtree(tmp_path / "node-1")  # node 1 is a fresh pod for step 2: nothing of step 1 in its mirror
+    args2 = {**args, "checkpoint": f"{root}/step-0001", "shards": [f"{root}/batch2.parquet"], "out": f"{root}/step-0002",
+             "step": 2, "result_path": str(tmp_path / "result2.json")}
+    result2, _ = _two_node_step(tmp_path, args2)
+    node1_parent = tmp_path / "node-1" / "s3" / "dapo-test" / "two-nodes" / "step-0001"
+    state_files = [p.name for p in (node1_parent / DS_STATE_DIR).rglob("*") if p.is_file()]
+    assert any("zero_pp_rank_1_mp_rank_" in n for n in state_files), state_files  # its own partition
+    assert not any("zero_pp_rank_0_mp_rank_" in n for n in state_files), state_files  # not node 0's
+    assert result2["worker_metrics"][0]["updates_done"] == 4  # resumed: 2 updates of step 1 + 2 of step 2
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "reader2"))
+    assert _max_diff(_weights(run_store.fetch(f"{root}/step-0002")), _weights(runs["E"].checkpoint_dir)) < ATOL
 
 
 def test_chunked_log_probs_and_activation_checkpointing_do_not_change_the_update(runs: dict, tmp_path: Path) -> None:
