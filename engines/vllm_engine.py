@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engines import work_progress
+from engines import reload_warnings, work_progress
 from engines.threads import cpu_threads as resolve_cpu_threads
 from storage import checkpoints, digests
 
@@ -240,8 +240,11 @@ def reload_weights(llm: LLM, checkpoint_dir: str | Path) -> float:
     started = time.perf_counter()
     folder = Path(checkpoint_dir)
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
-        # In-process: hand the worker an iterator over the new tensors.
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _safetensors_weights(folder)})
+        # In-process: hand the worker an iterator over the new tensors; vLLM's warnings about the
+        # layers a checkpoint has no tensors for by design are dropped (engines/reload_warnings.py).
+        tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"))
+        with reload_warnings.expected_only(reload_warnings.expected_missing(tied)):
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _safetensors_weights(folder)})
     else:
         # Engine core in another process: the worker reads the folder itself.
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
