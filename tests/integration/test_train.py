@@ -342,8 +342,9 @@ def _two_node_step(tmp_path: Path, args: dict) -> tuple[dict, list[str]]:
     return json.loads(Path(args["result_path"]).read_text()), logs
 
 
+@pytest.mark.parametrize("zero_stage", [1, 3])  # 3: the paper config's (every rank's model states apart too)
 def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_and_resume_from_it(
-    runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch
+    runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch, zero_stage: int
 ) -> None:
     # Step 1: each node fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank
     # 0 adds the marker last (engines/train_rank.py). Same update as run A; both ranks' state in
@@ -352,11 +353,11 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_
 
     from storage import run_store
 
-    root = "s3://dapo-test/two-nodes"
+    root = f"s3://dapo-test/two-nodes-zero{zero_stage}"  # a store folder of its own per case
     run_store.upload_folder(runs["ck0"], f"{root}/ck0")
     run_store.upload_file(runs["shard1"], f"{root}/batch.parquet")
     run_store.upload_file(runs["shard2"], f"{root}/batch2.parquet")
-    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False)
+    config = replace(CONFIG, num_processes=2, micro_batch_samples=2, keep_workers_warm=False, zero_stage=zero_stage)
     args = {"checkpoint": f"{root}/ck0", "shards": [f"{root}/batch.parquet"], "out": f"{root}/step-0001", "step": 1,
             "config": asdict(config), "result_path": str(tmp_path / "result.json")}
     result, _ = _two_node_step(tmp_path, args)
@@ -364,7 +365,8 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_
     names = [u.removeprefix(f"{root}/step-0001/") for u in run_store._find(f"{root}/step-0001")]
     assert any("rank_1" in n for n in names if n.startswith(DS_STATE_DIR)), names  # uploaded by node 1
     assert any("rank_0" in n for n in names if n.startswith(DS_STATE_DIR)), names
-    assert (tmp_path / "node-1" / "s3" / "dapo-test" / "two-nodes" / "ck0" / "model.safetensors").is_file()  # fetched
+    node1_store = tmp_path / "node-1" / "s3" / "dapo-test" / f"two-nodes-zero{zero_stage}"  # node 1's mirror
+    assert (node1_store / "ck0" / "model.safetensors").is_file()  # fetched
     fresh = tmp_path / "reader"
     monkeypatch.setenv(run_store.MIRROR_ENV, str(fresh))
     published = run_store.fetch(f"{root}/step-0001")
@@ -377,7 +379,7 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_
     args2 = {**args, "checkpoint": f"{root}/step-0001", "shards": [f"{root}/batch2.parquet"], "out": f"{root}/step-0002",
              "step": 2, "result_path": str(tmp_path / "result2.json")}
     result2, _ = _two_node_step(tmp_path, args2)
-    node1_parent = tmp_path / "node-1" / "s3" / "dapo-test" / "two-nodes" / "step-0001"
+    node1_parent = node1_store / "step-0001"
     state_files = [p.name for p in (node1_parent / DS_STATE_DIR).rglob("*") if p.is_file()]
     assert any("zero_pp_rank_1_mp_rank_" in n for n in state_files), state_files  # its own partition
     assert not any("zero_pp_rank_0_mp_rank_" in n for n in state_files), state_files  # not node 0's
