@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage import checkpoints, run_store
 
@@ -165,3 +167,52 @@ def test_download_tree_can_skip_weights(root: str, tmp_path: Path) -> None:
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
         "checkpoints/step-0001.sha256.json", f"checkpoints/step-0001/{run_store.FOLDER_MARKER}"
     ]  # the folder's digest record (storage/digests.py) is a record too
+
+
+_FILES = ["model.safetensors", "config.json", "tokenizer.json", "ds_state/latest", "ds_state/step1/mp_rank_00_model_states.pt",
+          "ds_state/step1/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+          "ds_state/step1/zero_pp_rank_1_mp_rank_00_optim_states.pt",
+          "ds_state/step1/zero_pp_rank_10_mp_rank_00_optim_states.pt"]
+_SKIPS = [(), ("ds_state/*",), ("*.safetensors",), ("*.json",), ("ds_state/*/*zero_pp_rank_1_mp_rank_*",),
+          ("ds_state/*/*zero_pp_rank_0_mp_rank_*", "ds_state/*/*zero_pp_rank_10_mp_rank_*")]
+
+
+@settings(max_examples=40, deadline=None)
+@given(files=st.sets(st.sampled_from(_FILES), min_size=1), fetches=st.lists(st.sampled_from(_SKIPS), min_size=1, max_size=6))
+def test_every_fetch_holds_what_it_did_not_skip_and_downloads_only_when_it_must(files: set[str],
+                                                                               fetches: list[tuple[str, ...]]) -> None:
+    # A fresh node fetches one checkpoint again and again, each time skipping other files: after each
+    # fetch the mirror holds every file the fetch did not skip, with the store's bytes, and nothing the
+    # store lacks; it downloads only when the files it kept out before are not all skipped now.
+    import fnmatch
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        old = os.environ.get(run_store.MIRROR_ENV)
+        os.environ[run_store.MIRROR_ENV] = scratch
+        real = run_store._download_folder
+        try:
+            uri = f"memory://dapo-test/prop-{uuid.uuid4().hex[:8]}/checkpoints/step-0001"
+            for name in [*sorted(files), run_store.FOLDER_MARKER]:
+                run_store.write_text(run_store.join(uri, name), f"bytes of {name}")
+            downloads: list[int] = []
+            run_store._download_folder = lambda u, l, k: (downloads.append(len(k)), real(u, l, k))  # type: ignore[assignment]
+            left_out: set[str] | None = None  # None: nothing fetched yet
+            for skip in fetches:
+                local = run_store.fetch(uri, skip=skip)
+                held = set(_files(local))
+                wanted = {f for f in files if not any(fnmatch.fnmatchcase(f, p) for p in skip)} | {run_store.FOLDER_MARKER}
+                assert wanted <= held <= files | {run_store.FOLDER_MARKER}
+                assert all((local / f).read_text() == f"bytes of {f}" for f in held)
+                must_download = left_out is None or not left_out <= set(skip)
+                assert len(downloads) == 1 if must_download else not downloads
+                if downloads:
+                    left_out = set(skip) if held != files | {run_store.FOLDER_MARKER} else set()
+                downloads.clear()
+        finally:
+            run_store._download_folder = real  # type: ignore[assignment]
+            if old is None:
+                os.environ.pop(run_store.MIRROR_ENV, None)
+            else:
+                os.environ[run_store.MIRROR_ENV] = old
