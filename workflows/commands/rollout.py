@@ -43,7 +43,7 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.limit:
             ids = (ids or load_problems_ids(paths))[: args.limit]
         version = (args.policy_version if args.policy_version is not None
-                   else checkpoints.read_info(run_store.fetch(args.checkpoint)).step)
+                   else checkpoints.read_info(args.checkpoint).step)  # a URI: its metadata file alone
         with run_store.output(args.out) as local_out, run_store.output(manifest_path(args.out)):
             rollout_shard(
                 args.checkpoint, paths, ids, local_out, config,
