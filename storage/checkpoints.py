@@ -88,12 +88,20 @@ def read_info(folder: str | Path) -> CheckpointInfo:
         raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
 
 
+# Checkpoint copies a node's mirror keeps per run (run_store.evict_mirrored): the one a rollout
+# generates from, the one before (a pipelined rollout lags a step) and one more for an evaluation.
+MIRRORED_CHECKPOINTS = 3
+
+
 def fetch_policy(folder: str | Path) -> Path:
     """A local copy of the checkpoint at ``folder`` for generating from it: weights, config,
     tokenizer files and metadata, without the optimizer state (``run_store.fetch``; a path is
     returned as it is). What rollout and evaluation nodes read: 65 GB of a Qwen2.5-32B
-    checkpoint's 459 GB (docs/CLUSTER.md, "The cost of the hand-off")."""
-    return run_store.fetch(folder, skip=(f"{OPTIMIZER_STATE_DIR}/*",))
+    checkpoint's 459 GB (docs/CLUSTER.md, "The cost of the hand-off"). Older copies of the run's
+    checkpoints leave this node's mirror, all but the :data:`MIRRORED_CHECKPOINTS` latest."""
+    local = run_store.fetch(folder, skip=(f"{OPTIMIZER_STATE_DIR}/*",))
+    run_store.evict_mirrored(folder, keep=MIRRORED_CHECKPOINTS)
+    return local
 
 
 def staging_dir(final_dir: str | Path) -> Path:

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -366,6 +367,40 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
             _download_folder(uri, local, wanted)
             note.unlink(missing_ok=True)
         return local
+
+
+def evict_mirrored(path: str | os.PathLike[str], *, keep: int) -> list[Path]:
+    """Remove from this node's mirror the copies of ``path``'s sibling checkpoint folders, all but
+    the ``keep`` most recently fetched or written (``path`` itself counts as fetched now); returns
+    what it removed. Nothing for a local path.
+
+    A rollout engine's node outlives the steps (a reused Ray cluster) and fetches every step's
+    checkpoint: without this its mirror would grow by a checkpoint's weights a step (65.5 GB for
+    Qwen2.5-32B) until the disk fills. Recency is each copy's marker's modification time (a
+    download writes the marker last, a fetch that finds the copy touches it), so the copy a train
+    step just published in this mirror is the newest; folders without a marker (being written) and
+    hidden ones (downloads and stagings under way) are never touched. Each removal holds the folder's fetch lock, so a fetch of it waits and downloads
+    it again.
+    """
+    if not is_remote(path):
+        return []
+    local = local_path(str(path).rstrip("/"))
+    if (local / FOLDER_MARKER).is_file():
+        now = time.time_ns()  # the file system's own stamps are coarse (~ms): two fetches may tie
+        os.utime(local / FOLDER_MARKER, ns=(now, now))
+    # Hidden folders are downloads and stagings under way (their marker may already be there).
+    copies = sorted((p for p in local.parent.iterdir()
+                     if not p.name.startswith(".") and p.is_dir() and (p / FOLDER_MARKER).is_file()),
+                    key=lambda p: (p / FOLDER_MARKER).stat().st_mtime_ns, reverse=True)
+    removed = []
+    for old in copies[keep:]:
+        if old == local:
+            continue
+        with _locked(old):
+            shutil.rmtree(old, ignore_errors=True)
+            _skip_note(old).unlink(missing_ok=True)
+        removed.append(old)
+    return removed
 
 
 def download_tree(uri: str, dest: str | os.PathLike[str], *, exclude_suffixes: Sequence[str] = ()) -> Path:

@@ -216,3 +216,32 @@ def test_every_fetch_holds_what_it_did_not_skip_and_downloads_only_when_it_must(
                 os.environ.pop(run_store.MIRROR_ENV, None)
             else:
                 os.environ[run_store.MIRROR_ENV] = old
+
+
+def test_a_rollout_nodes_mirror_keeps_the_latest_checkpoints_only(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An engine node outlives the steps and fetches every step's checkpoint: its mirror keeps the
+    # MIRRORED_CHECKPOINTS most recently fetched (65.5 GB each at paper scale), not all of them.
+    uris = [run_store.join(root, "checkpoints", f"step-{i:04d}") for i in range(6)]
+    for i, uri in enumerate(uris):
+        with run_store.output(uri, folder=True) as local:
+            _write_checkpoint(local, f"w{i}".encode())
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(run_store.mirror_root()) + "-engine-node")
+    folder = run_store.local_path(uris[0]).parent
+    (folder / ".step-0009.fetch-1234").mkdir(parents=True)  # a download under way: hidden, with its marker
+    (folder / ".step-0009.fetch-1234" / run_store.FOLDER_MARKER).write_text("{}")
+    kept = checkpoints.MIRRORED_CHECKPOINTS
+    for i in range(4):
+        checkpoints.fetch_policy(uris[i])
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) == \
+        [f"step-{i:04d}" for i in range(4 - kept, 4)]
+    checkpoints.fetch_policy(uris[1])  # fetched again: the most recent now
+    checkpoints.fetch_policy(uris[4])
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) == \
+        ["step-0001", "step-0003", "step-0004"]
+    assert (folder / ".step-0009.fetch-1234" / run_store.FOLDER_MARKER).is_file()  # never touched
+    assert (checkpoints.fetch_policy(uris[0]) / "model.safetensors").read_bytes() == b"w0"  # evicted: fetched again
+    local_run = Path(str(run_store.mirror_root())) / "local-run" / "checkpoints"
+    for i in range(5):
+        _write_checkpoint(local_run / f"step-{i:04d}", b"w")
+        checkpoints.fetch_policy(local_run / f"step-{i:04d}")
+    assert len(list(local_run.iterdir())) == 5  # a run folder on a filesystem is never pruned by this
