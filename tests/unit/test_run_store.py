@@ -97,13 +97,25 @@ def test_folder_upload_puts_the_marker_last_and_clears_leftovers(root: str, monk
     assert not run_store.exists(run_store.join(uri, "stale-from-killed-attempt.bin"))
 
 
-def test_fetch_downloads_a_checkpoint_once_per_marker(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = run_store.join(root, "checkpoints", "step-0001")
+def _published(root: str, name: str, weights: bytes) -> str:
+    """A checkpoint folder ``name`` written through this node's mirror into the store."""
+    uri = run_store.join(root, "checkpoints", name)
     with run_store.output(uri, folder=True) as local:
-        _write_checkpoint(local, b"w1")
-    downloads: list[str] = []
+        _write_checkpoint(local, weights)
+    return uri
+
+
+def _downloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The keys of every folder download from now on, one list per download."""
+    downloads: list[list[str]] = []
     real = run_store._download_folder
-    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloads.append(u), real(u, l, k)))
+    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloads.append(list(k)), real(u, l, k)))
+    return downloads
+
+
+def test_fetch_downloads_a_checkpoint_once_per_marker(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = _published(root, "step-0001", b"w1")
+    downloads = _downloads(monkeypatch)
     mirror = run_store.local_path(uri)
     assert run_store.fetch(uri) == mirror and downloads == []  # the writer's mirror copy is current
     other = Path(str(run_store.mirror_root()) + "-other-node")
@@ -123,35 +135,27 @@ def _files(folder: Path) -> list[str]:
 
 
 def test_rollout_fetches_a_checkpoint_without_its_optimizer_state(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = run_store.join(root, "checkpoints", "step-0001")
-    with run_store.output(uri, folder=True) as local:
-        _write_checkpoint(local, b"w1")
-    downloaded: list[str] = []
-    real = run_store._download_folder
-    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloaded.extend(k), real(u, l, k)))
+    uri = _published(root, "step-0001", b"w1")
+    downloads = _downloads(monkeypatch)
     monkeypatch.setenv(run_store.MIRROR_ENV, str(run_store.mirror_root()) + "-engine-node")  # an empty mirror
     policy = checkpoints.fetch_policy(uri)
     assert _files(policy) == [run_store.FOLDER_MARKER, "model.safetensors"]
-    assert not any("/ds_state/" in key for key in downloaded) and len(downloaded) == 2
-    assert checkpoints.fetch_policy(uri) == policy and len(downloaded) == 2  # a second round: nothing fetched
+    assert len(downloads) == 1 and not any("/ds_state/" in key for key in downloads[0]) and len(downloads[0]) == 2
+    assert checkpoints.fetch_policy(uri) == policy and len(downloads) == 1  # a second round: nothing fetched
     # A training step on the same node needs the optimizer state: the partial copy does not serve it.
     whole = run_store.fetch(uri)
     assert whole == policy and _files(whole) == [run_store.FOLDER_MARKER, "ds_state/rank0.pt", "model.safetensors"]
-    assert len(downloaded) == 5
-    assert checkpoints.fetch_policy(uri) == whole and len(downloaded) == 5  # the whole copy serves a rollout
+    assert len(downloads) == 2
+    assert checkpoints.fetch_policy(uri) == whole and len(downloads) == 2  # the whole copy serves a rollout
 
 
 def test_a_step_written_again_on_the_node_leaves_a_whole_copy(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    uri = run_store.join(root, "checkpoints", "step-0002")
-    with run_store.output(uri, folder=True) as local:
-        _write_checkpoint(local, b"w1")
-    shutil.rmtree(local)  # this node no longer holds it
+    uri = _published(root, "step-0002", b"w1")
+    shutil.rmtree(run_store.local_path(uri))  # this node no longer holds it
     assert _files(checkpoints.fetch_policy(uri)) == [run_store.FOLDER_MARKER, "model.safetensors"]
-    with run_store.output(uri, folder=True) as rewritten:  # a re-run of the step on this node
-        _write_checkpoint(rewritten, b"w1")
-    downloaded: list[str] = []
-    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: downloaded.extend(k))
-    assert (run_store.fetch(uri) / "ds_state" / "rank0.pt").is_file() and downloaded == []  # the writer's copy serves
+    _published(root, "step-0002", b"w1")  # a re-run of the step on this node writes it again
+    downloads = _downloads(monkeypatch)
+    assert (run_store.fetch(uri) / "ds_state" / "rank0.pt").is_file() and downloads == []  # the writer's copy serves
 
 
 def test_fetch_names_what_is_missing(root: str) -> None:
@@ -221,10 +225,7 @@ def test_every_fetch_holds_what_it_did_not_skip_and_downloads_only_when_it_must(
 def test_a_rollout_nodes_mirror_keeps_the_latest_checkpoints_only(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # An engine node outlives the steps and fetches every step's checkpoint: its mirror keeps the
     # MIRRORED_CHECKPOINTS most recently fetched (65.5 GB each at paper scale), not all of them.
-    uris = [run_store.join(root, "checkpoints", f"step-{i:04d}") for i in range(6)]
-    for i, uri in enumerate(uris):
-        with run_store.output(uri, folder=True) as local:
-            _write_checkpoint(local, f"w{i}".encode())
+    uris = [_published(root, f"step-{i:04d}", f"w{i}".encode()) for i in range(6)]
     monkeypatch.setenv(run_store.MIRROR_ENV, str(run_store.mirror_root()) + "-engine-node")
     folder = run_store.local_path(uris[0]).parent
     (folder / ".step-0009.fetch-1234").mkdir(parents=True)  # a download under way: hidden, with its marker
