@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infra.sizing import GB, ClusterPlan
-from storage.retention_policy import checkpoint_retention
+from storage.retention_policy import MIRRORED_CHECKPOINTS, checkpoint_retention
 
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m and v (ds_state/, any ZeRO stage)
 EXPORT_BYTES_PER_PARAM = {"bf16": 2, "fp32": 4}  # the HF export's dtype follows train.precision
@@ -100,6 +100,8 @@ class StepHandoff:
     bandwidth: Bandwidth
     throughput: Throughput
     optimizer_upload_every_steps: int
+    mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
+    mirror_train_node_bytes: int  # rank 0's node: the parent's weights and share of the state, and the output's
 
 
 def checkpoint_bytes(params: int, precision: str) -> tuple[int, int]:
@@ -165,7 +167,10 @@ def step_handoff(
                  "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
                  False),
     ], w + o // k, rn * w, step_s)
-    return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, bw, t, k)
+    # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
+    # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
+    mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, 2 * (w + o // tn)
+    return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, bw, t, k, mirror_rollout, mirror_train)
 
 
 def run_storage_bytes(steps: int, weights_bytes: int, optimizer_bytes: int, *, keep_optimizer_last: int,
@@ -215,6 +220,9 @@ def format_handoff(h: StepHandoff) -> str:
         lines += [f"      - {p.what}: {p.bytes / GB:,.1f} GB, {p.seconds:,.0f} s"
                   + ("" if p.critical_s == p.seconds else f" ({p.critical_s:,.0f} s per step on the critical path)")
                   for p in cost.parts]
+    lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
+                 f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
+                 "GB (the parent's weights and its ranks' optimizer state, and the same of the step's output)")
     return "\n".join(lines)
 
 

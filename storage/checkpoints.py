@@ -22,6 +22,7 @@ from typing import Any
 from schemas.disk_space import writing
 from schemas.fsync import fsync_file, fsync_folder
 from storage import digests, run_store
+from storage.retention_policy import MIRRORED_CHECKPOINTS
 
 METADATA_FILE = "dapo_checkpoint.json"
 # The DeepSpeed state (optimizer moments, fp32 master weights) inside a checkpoint folder: only a
@@ -86,11 +87,6 @@ def read_info(folder: str | Path) -> CheckpointInfo:
         return CheckpointInfo(**json.loads(run_store.read_text(path)))
     except (json.JSONDecodeError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
-
-
-# Checkpoint copies a node's mirror keeps per run (run_store.evict_mirrored): the one a rollout
-# generates from, the one before (a pipelined rollout lags a step) and one more for an evaluation.
-MIRRORED_CHECKPOINTS = 3
 
 
 def fetch_policy(folder: str | Path) -> Path:

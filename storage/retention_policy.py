@@ -23,6 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# Checkpoint copies a node's mirror of an object-store run keeps (storage/run_store.py:
+# evict_mirrored): the one a rollout generates from, the one before (a pipelined rollout lags a
+# step) and one more for an evaluation.
+MIRRORED_CHECKPOINTS = 3
+
 
 @dataclass(frozen=True)
 class Keep:

@@ -99,6 +99,16 @@ def test_a_background_upload_longer_than_the_rollout_spills_onto_the_critical_pa
     assert state_upload.critical_s == pytest.approx((state_upload.seconds - cost.generation_s) / 10)
 
 
+def test_mirror_disk_per_node_by_hand() -> None:
+    cost = paper_cost()
+    w, o = 65_527_752_704, 393_166_516_224
+    # an engine node keeps the weights of its last 3 checkpoints; rank 0's train node holds the
+    # parent's weights and half the state (2 train nodes), and the same of the step's output
+    assert cost.mirror_rollout_node_bytes == 3 * w
+    assert cost.mirror_train_node_bytes == 2 * (w + o // 2)
+    assert "rollout 196.6 GB" in handoff.format_handoff(cost) and "train 524.2 GB" in handoff.format_handoff(cost)
+
+
 def test_handoff_table_is_computed() -> None:
     text = handoff.format_handoff(paper_cost())
     assert "naive (as implemented)" in text and "designed (modelled)" in text
