@@ -148,7 +148,7 @@ def evaluate_checkpoint(
         [r["response_text"] for r in rows], [gold[r["problem_id"]] for r in rows], timeout_s=config.reward_timeout_s,
         judge=process_judge(),
     )
-    checkpoint_id = checkpoints.read_info(checkpoints.fetch_policy(checkpoint_dir)).checkpoint_id
+    checkpoint_id = checkpoints.read_info(checkpoint_dir).checkpoint_id  # a URI: its metadata file alone
     out_rows = _result_rows([p.problem_id for p in problems], rows, verdicts, checkpoint_id=checkpoint_id, step=step,
                             config=config)
     schemas.write_shard(out_rows, out_path, schemas.EvalResult)

@@ -379,8 +379,8 @@ def evict_mirrored(path: str | os.PathLike[str], *, keep: int) -> list[Path]:
     Qwen2.5-32B) until the disk fills. Recency is each copy's marker's modification time (a
     download writes the marker last, a fetch that finds the copy touches it), so the copy a train
     step just published in this mirror is the newest; folders without a marker (being written) and
-    hidden ones (downloads and stagings under way) are never touched. Each removal holds the folder's fetch lock, so a fetch of it waits and downloads
-    it again.
+    hidden ones (downloads and stagings under way) are never touched. Each removal holds the
+    folder's fetch lock, so a fetch of it waits and downloads it again.
     """
     if not is_remote(path):
         return []

@@ -137,8 +137,7 @@ def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
     Every StepMetrics column is NaN (floats) or 0 (counts), from the schema itself; ``_step_row``
     then fills what rollout, scoring and sampling measured.
     """
-    meta = run_store.fetch(run_store.join(checkpoint, checkpoints.METADATA_FILE))
-    ckpt_id = checkpoints.read_info(meta.parent).checkpoint_id
+    ckpt_id = checkpoints.read_info(checkpoint).checkpoint_id  # a URI: its metadata file alone
     row: dict[str, Any] = {f.name: 0 if pa.types.is_integer(f.type) else math.nan
                            for f in schemas.arrow_schema(schemas.StepMetrics)}
     row.update(step=step, checkpoint_id=ckpt_id, parent_checkpoint_id=ckpt_id)
@@ -228,7 +227,7 @@ def check_heldout_unseen(checkpoint: str, test_paths: list[str]) -> None:
     the problems it was warmed up on: engines/policy_bootstrap.py: warmup_problem_ids), before any
     evaluation: held-out accuracy must measure what RL adds on unseen problems, not memory. A policy
     that records no warm-up problems (an imported model) is not checked."""
-    seen = warmup_problem_ids(checkpoints.fetch_policy(checkpoint))
+    seen = warmup_problem_ids(checkpoint)  # its metadata alone (a URI is not fetched whole)
     if not seen:
         return
     heldout = schemas.read_shards(run_store.fetch_all(test_paths), schemas.Problem).select(["problem_id", "problem"]).to_pylist()
