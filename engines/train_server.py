@@ -238,9 +238,14 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
 
 
 def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
-    """The one-node torchrun launch of ``engines.train_worker`` (cold and warm paths alike)."""
+    """The one-node torchrun launch of ``engines.train_worker`` (cold and warm paths alike).
+
+    torchrun's log folder goes beside the spec, in the launch's own temp folder (removed after the
+    step, or when the warm group stops): left to itself, torchrun makes a ``torchelastic_*`` folder
+    in the system temp folder for every launch and never removes it.
+    """
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-            "-m", "engines.train_worker", str(spec_path)]
+            f"--log-dir={spec_path.parent / 'torchelastic'}", "-m", "engines.train_worker", str(spec_path)]
 
 
 def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:

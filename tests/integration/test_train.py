@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import os
+import shutil
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -715,6 +716,23 @@ def test_a_group_started_ahead_serves_the_first_step_as_a_cold_launch_would(runs
     assert same_state(optimizer_state(step1.checkpoint_dir), optimizer_state(r["c1"].checkpoint_dir)) == []
     start_workers(COLD)  # workers not kept warm: nothing starts, the group stays
     assert train_server.active_group() is group
+
+
+def test_launches_leave_nothing_in_the_temp_folder(runs: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold launch, and a warm group once stopped, leave no folder in the system temp folder: torchrun
+    made a ``torchelastic_*`` log folder there for every launch and never removed it (hundreds after a
+    day of runs and tests)."""
+    temp = tmp_path / "system-temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the workers' (torchrun's) temp folder
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # this process's (the launch's work folder)
+    train_server.stop_active()  # the warm group below starts with this TMPDIR
+    train_step(runs["ck0"], [runs["shard1"]], tmp_path / "cold1", step=1, config=COLD)
+    assert sorted(p.name for p in temp.iterdir()) == []
+    train_step(runs["ck0"], [runs["shard1"]], tmp_path / "warm1", step=1, config=CONFIG)
+    assert train_server.active_group() is not None
+    train_server.stop_active()
+    assert sorted(p.name for p in temp.iterdir()) == []
 
 
 @pytest.mark.slow
