@@ -134,7 +134,9 @@ def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[]
     close_open_actions(layout, "abandoned: the driver of this folder stopped (killed) before the action finished")
     try:
         init_flyte_for_run(layout)
-        outputs = call_interruptibly(lambda: _run_local(task, inputs))
+        raw_data = run_store.local_path(layout.flyte_dir) / "raw"
+        raw_data.mkdir(parents=True, exist_ok=True)
+        outputs = call_interruptibly(lambda: _run_local(task, inputs, raw_data=raw_data))
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
         stop_workers()
@@ -143,9 +145,14 @@ def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[]
     return outputs[0] if isinstance(outputs, tuple) else outputs
 
 
-def _run_local(task: Any, inputs: dict[str, Any]) -> Any:
-    """Run ``task`` through local Flyte to its end; returns its outputs."""
-    run = flyte.with_runcontext(mode="local").run(task, **inputs)
+def _run_local(task: Any, inputs: dict[str, Any], *, raw_data: Path) -> Any:
+    """Run ``task`` through local Flyte to its end; returns its outputs.
+
+    Flyte's raw-data folder (where it would offload large values; our tasks pass paths, so it stays
+    empty) is ``raw_data`` in the run's Flyte folder: left unset, Flyte makes a new folder in the
+    system temp folder for every run and never removes it.
+    """
+    run = flyte.with_runcontext(mode="local", raw_data_path=str(raw_data)).run(task, **inputs)
     run.wait()
     return run.outputs()
 

@@ -9,12 +9,14 @@ module takes a few minutes on 2 cores.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,18 +55,22 @@ SMALL = [
 pytestmark = pytest.mark.slow
 
 
-def _env() -> dict[str, str]:
+def _env(temp: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    if temp is not None:  # the run's system temp folder; compiled kernels stay where they were cached
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+        env["TMPDIR"] = str(temp)
     return env
 
 
-def _dapo_run(run_root: Path, name: str, *, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+def _dapo_run(run_root: Path, name: str, *, timeout_s: float = 600,
+              temp: Path | None = None) -> subprocess.CompletedProcess[str]:
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
     for item in [*SMALL, f"run.name={name}"]:
         args += ["--set", item]
-    proc = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(args, cwd=REPO, env=_env(temp), capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"dapo run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -75,9 +81,25 @@ def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first_run(run_root: Path) -> subprocess.CompletedProcess[str]:
+def system_temp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first run's system temp folder (TMPDIR)."""
+    return tmp_path_factory.mktemp("system-temp")
+
+
+@pytest.fixture(scope="module")
+def first_run(run_root: Path, system_temp: Path) -> subprocess.CompletedProcess[str]:
     """The first `dapo run` of the module (what a user sees: its stdout and stderr, not a terminal)."""
-    return _dapo_run(run_root, "ref")
+    return _dapo_run(run_root, "ref", temp=system_temp)
+
+
+def test_a_finished_run_leaves_nothing_in_the_system_temp_folder(
+        first_run: subprocess.CompletedProcess[str], system_temp: Path) -> None:
+    """Flyte made a new raw-data folder there for every run, torchrun a log folder for every launch;
+    neither was ever removed. Now Flyte's is in the run folder (flyte/raw) and torchrun's in the
+    launch's own temp folder."""
+    left = sorted(p.name for p in system_temp.iterdir())
+    # torch's compile cache (precompiled headers are kept under the temp folder): made once, reused.
+    assert [name for name in left if not name.startswith("torchinductor_")] == []
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -250,12 +251,16 @@ def test_eval_file_given_as_test_split_wins_dedup(tmp_path: Path) -> None:
     assert not test_ids & train_ids
 
 
-def test_flyte_curation_whose_folder_was_deleted_is_made_again_not_served_from_cache(tmp_path: Path) -> None:
+def test_flyte_curation_whose_folder_was_deleted_is_made_again_not_served_from_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Flyte's local cache outlives the folder it points to: a second `dapo curate --flyte` into the
     # same, since deleted, folder was a cache hit that reported shards and wrote none.
     from workflows.cli import main
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
+    temp = tmp_path / "system-temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     out = tmp_path / "curated"
     argv = ["curate", "synthetic:n=30,seed=11", "--template", "tiny", "--test-fraction", "0.25", "--flyte", "--out", str(out)]
     assert main(argv) == 0
@@ -264,6 +269,7 @@ def test_flyte_curation_whose_folder_was_deleted_is_made_again_not_served_from_c
     shutil.rmtree(out)
     assert main(argv) == 0
     assert files_under(out) == first
+    assert list(temp.iterdir()) == []  # Flyte made a raw-data folder there per call and kept it
 
 
 def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

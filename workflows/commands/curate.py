@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,11 @@ def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> Cu
     upstream = digests.upstream_digest([split_suffix(spec)[0] for spec in inputs])
 
     def run(task: Any) -> CurateReport:
-        outputs = flyte.run(task, inputs=inputs, out_dir=out_dir, config=config, upstream_digest=upstream).outputs()
+        # Flyte's raw-data folder for the call (nothing is offloaded: the report is small), removed
+        # after; left unset, Flyte makes one in the system temp folder per call and keeps it.
+        with tempfile.TemporaryDirectory(prefix="dapo-flyte-raw-") as raw_data:
+            outputs = flyte.with_runcontext(mode="local", raw_data_path=raw_data).run(
+                task, inputs=inputs, out_dir=out_dir, config=config, upstream_digest=upstream).outputs()
         return outputs if isinstance(outputs, CurateReport) else outputs[0]
 
     stamps = record_stamps([out_dir])
