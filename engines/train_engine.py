@@ -1,8 +1,8 @@
 """The DeepSpeed engine of a training launch: building it from the parent checkpoint, and its forward passes.
 
-``build_engine`` loads the parent HF checkpoint in fp32 and wraps it in a DeepSpeed engine (ZeRO
-1/2/3, fp32 or bf16, torch AdamW, the paper's linear warm-up, gradient clipping; the config is
-infra/deepspeed.py's). ``forward_log_probs`` gives the current policy's log-prob of every token
+``build_engine`` loads the parent HF checkpoint in fp32 (``load_policy``: partitioned from the
+start under ZeRO-3) and wraps it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, the
+paper's linear warm-up, gradient clipping; the config is infra/deepspeed.py's). ``forward_log_probs`` gives the current policy's log-prob of every token
 (the old log-probs before the first update, the new ones in each update) with the entropy the
 step reports, either from the full logits or chunk by chunk from the hidden states
 (dapo_core/logprobs.py). ``probe_logits`` is for the export tests. The step itself
@@ -12,7 +12,7 @@ engines/train_checkpoint.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,7 @@ from engines.train_spec import WorkerSpec
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedModel
 
 
 def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
@@ -36,23 +37,44 @@ def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
     return min(1.0, (update_index + 1) / warmup_updates)
 
 
+def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int) -> PreTrainedModel:
+    """The parent HF checkpoint as the model DeepSpeed trains (fp32 parameters; DeepSpeed casts them
+    under ``precision: bf16``). Collective under ZeRO-3: every rank calls it.
+
+    ZeRO-3 (sec. "train" of the paper config) builds it partitioned, inside DeepSpeed's ``zero.Init``,
+    which transformers enters while an ``HfDeepSpeedConfig`` of a stage-3 config is alive: each rank
+    holds 1/world of every parameter from the start and the checkpoint's tensors are read through
+    memory maps, one parameter gathered at a time. Loaded whole on every rank instead, a node of the
+    paper config's 8 ranks would hold 8 x 131 GB of fp32 weights at once on a 900 GiB pod.
+    ZeRO-1/2 keep a whole copy of the parameters on every rank anyway.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if zero_stage != 3:
+        return AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    zero3 = HfDeepSpeedConfig(ds_config)  # held through a weak reference: it must live while loading
+    try:
+        return AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
+    finally:
+        # Later loads in this process are no collective: the export builds its layout on rank 0 alone
+        # (engines/train_checkpoint.py).
+        unset_hf_deepspeed_config()
+        del zero3
+
+
 def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine, int]:
     """(DeepSpeed engine over the parent checkpoint, its pad token id); seeded with ``train.seed``.
 
     Collective (``deepspeed.initialize``): every rank of the group calls it.
     """
     import deepspeed
-    from transformers import AutoModelForCausalLM
 
     from infra.deepspeed import build_deepspeed_config
 
     torch.manual_seed(spec.train.seed)
-    model = AutoModelForCausalLM.from_pretrained(spec.parent_checkpoint, dtype=torch.float32)
-    pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
-    if spec.train.activation_checkpointing:
-        # Keep only each layer's input in forward; recompute the rest in backward.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
     ds_config = build_deepspeed_config(
         zero_stage=spec.train.zero_stage,
         precision=spec.train.precision,
@@ -65,6 +87,12 @@ def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine,
         adam_eps=spec.train.adam_eps,
         grad_clip_norm=spec.train.grad_clip_norm,
     )
+    model = load_policy(spec.parent_checkpoint, ds_config, zero_stage=spec.train.zero_stage)
+    pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
+    if spec.train.activation_checkpointing:
+        # Keep only each layer's input in forward; recompute the rest in backward.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
     warmup = spec.warmup_updates
 
     def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
