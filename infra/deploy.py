@@ -127,7 +127,9 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
                                      keep_weights_every=drv.keep_weights_every_steps)
     everything = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes, keep_optimizer_last=0,
                                            keep_weights_every=0)
-    return handoff.format_handoff(cost) + (
+    mode = ("run.pipelined: true, so the pipelined row is what it does" if drv.pipelined else
+            "run.pipelined: false (synchronous), so the naive row is what it does")
+    return handoff.format_handoff(cost) + f"\n    this config: {mode}" + (
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
         f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "
         f"({everything / 1e12:,.1f} TB keeping all)")

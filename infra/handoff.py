@@ -11,7 +11,7 @@ Pure arithmetic over a :class:`~infra.sizing.ClusterPlan` and stated assumptions
   lengths. Neither is measured here (no GPU, no cluster): they are the assumptions the figures
   stand on, printed beside them, and parameters to replace with a real cluster's numbers.
 
-Two hand-offs are priced (:func:`step_handoff`):
+Three hand-offs are priced (:func:`step_handoff`):
 
 - **naive**, as implemented today on an object store (engines/train_rank.py, engines/rollout.py,
   storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
@@ -28,11 +28,21 @@ Two hand-offs are priced (:func:`step_handoff`):
   and the naive hand-off does it too). A cold start (after a failure) reads the optimizer state
   once, not every step.
 
+- **pipelined**, as implemented with ``run.pipelined: true`` (workflows/step_loop.py): the same
+  transfers as the naive hand-off, but step N+1's rollout (from the policy after step N-1) runs
+  while step N trains, so a step lasts as long as the longer of two lanes, the rollout lane
+  (fetch the weights, generate) and the train lane (fetch the parent, train, upload), instead of
+  their sum. Only what a lane adds beyond ``max(generation, training)`` waits. Not the default:
+  on the tiny task it learns 3.2 points less per step over 5 seeds (benchmarks/RESULTS.md,
+  "Pipelined against synchronous at the default config"), its samples being one step stale.
+
 A transfer takes ``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from infra.sizing import GB, ClusterPlan
@@ -88,7 +98,7 @@ class HandoffCost:
 
 @dataclass(frozen=True)
 class StepHandoff:
-    """The modelled step and both hand-offs."""
+    """The modelled step and its three hand-offs."""
 
     weights_bytes: int
     optimizer_bytes: int
@@ -97,6 +107,8 @@ class StepHandoff:
     step_s: float  # generation + training, without the hand-off
     naive: HandoffCost
     designed: HandoffCost
+    pipelined: HandoffCost  # run.pipelined: the naive transfers, the two lanes overlapping
+    pipelined_step_s: float  # max(generation, training): a pipelined step without the hand-off
     bandwidth: Bandwidth
     throughput: Throughput
     optimizer_upload_every_steps: int
@@ -167,10 +179,39 @@ def step_handoff(
                  "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
                  False),
     ], w + o // k, rn * w, step_s)
+    pipelined, pipelined_step_s = _pipelined(naive, generation_s, training_s, rollout_fetch_total=(rn + 1) * w,
+                                             train_fetch_total=tn * w + o, bandwidth=bw)
     # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
     # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
     mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, 2 * (w + o // tn)
-    return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, bw, t, k, mirror_rollout, mirror_train)
+    return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, pipelined, pipelined_step_s, bw, t, k,
+                       mirror_rollout, mirror_train)
+
+
+def _pipelined(naive: HandoffCost, generation_s: float, training_s: float, *, rollout_fetch_total: int,
+               train_fetch_total: int, bandwidth: Bandwidth) -> tuple[HandoffCost, float]:
+    """The naive transfers when step N+1's rollout runs beside step N's training (``run.pipelined``).
+
+    A step lasts ``max(rollout lane, train lane)``: the rollout lane fetches the weights of the
+    policy after step N-1 and generates; the train lane fetches the parent, trains and uploads. The
+    hand-off's share is what the longer lane adds beyond ``max(generation, training)``, charged to
+    that lane's transfers. Both lanes fetch at the start of a step: the rollout fetch is priced with
+    the train fetch's bytes beside it in the store's aggregate bandwidth.
+    """
+    upload, rollout, train_fetch = naive.parts  # as step_handoff lists them
+    rollout_s = max(rollout.seconds, (rollout_fetch_total + train_fetch_total) / bandwidth.aggregate_bytes_per_s)
+    base = max(generation_s, training_s)
+    rollout_excess = max(0.0, generation_s + rollout_s - base)
+    train_excess = max(0.0, train_fetch.seconds + training_s + upload.seconds - base)
+    critical = max(rollout_excess, train_excess)
+    train_share = 0.0 if rollout_excess >= train_excess else critical / (train_fetch.seconds + upload.seconds)
+    parts = [
+        dataclasses.replace(upload, critical_s=upload.seconds * train_share),
+        dataclasses.replace(rollout, seconds=rollout_s, critical_s=critical if rollout_excess >= train_excess else 0.0),
+        dataclasses.replace(train_fetch, critical_s=train_fetch.seconds * train_share),
+    ]
+    return _cost("pipelined (as implemented, run.pipelined: true)", parts, naive.written_bytes, naive.read_bytes,
+                 base), base
 
 
 def run_storage_bytes(steps: int, weights_bytes: int, optimizer_bytes: int, *, keep_optimizer_last: int,
@@ -204,7 +245,7 @@ def retention_table_markdown(weights_bytes: int, optimizer_bytes: int, *, steps:
 
 
 def format_handoff(h: StepHandoff) -> str:
-    """Lines for ``dapo deploy --dry-run --config``: the hand-off per step, naive and designed."""
+    """Lines for ``dapo deploy --dry-run --config``: the hand-off per step, naive, designed and pipelined."""
     bw, t = h.bandwidth, h.throughput
     lines = [
         f"  hand-off: checkpoint = {h.weights_bytes / GB:,.1f} GB weights + {h.optimizer_bytes / GB:,.1f} GB optimizer "
@@ -214,11 +255,13 @@ def format_handoff(h: StepHandoff) -> str:
         f"{t.generation_rounds:g} round(s); store {bw.per_node_bytes_per_s / GB:g} GB/s per node, "
         f"{bw.aggregate_bytes_per_s / GB:g} GB/s aggregate)",
     ]
-    for cost in (h.naive, h.designed):
+    for cost in (h.naive, h.designed, h.pipelined):
+        step = "a step" if cost is not h.pipelined else (
+            f"a pipelined step (max(generation, training) = {h.pipelined_step_s:,.0f} s)")
         lines.append(f"    {cost.name}: {cost.written_bytes / GB:,.1f} GB written, {cost.read_bytes / GB:,.1f} GB read "
-                     f"per step; {cost.critical_path_s:,.0f} s on the critical path = {cost.share:.1%} of a step")
+                     f"per step; {cost.critical_path_s:,.0f} s on the critical path = {cost.share:.1%} of {step}")
         lines += [f"      - {p.what}: {p.bytes / GB:,.1f} GB, {p.seconds:,.0f} s"
-                  + ("" if p.critical_s == p.seconds else f" ({p.critical_s:,.0f} s per step on the critical path)")
+                  + ("" if math.isclose(p.critical_s, p.seconds) else f" ({p.critical_s:,.0f} s per step on the critical path)")
                   for p in cost.parts]
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,40 @@ def test_designed_handoff_meets_three_percent_of_a_paper_step() -> None:
     assert all(p.implemented for p in cost.naive.parts)
 
 
+def test_pipelined_handoff_of_the_paper_config_by_hand() -> None:
+    cost = paper_cost()
+    pipelined = cost.pipelined
+    w, o = 65_527_752_704, 393_166_516_224
+    # The same transfers as the naive hand-off (run.pipelined changes only what overlaps)
+    assert (pipelined.written_bytes, pipelined.read_bytes) == (cost.naive.written_bytes, cost.naive.read_bytes)
+    # train lane: fetch 209.7 s + train 1,066 s + upload 209.7 s = 1,485 s; rollout lane: fetch
+    # 52.4 s + generation 4,096 s = 4,148 s. A pipelined step lasts max(4,096, 1,066) = 4,096 s
+    # without the hand-off and 4,148 s with it: only the rollout's weight fetch waits.
+    per_node = (w + o / 2) / 1.25e9
+    assert per_node + cost.training_s + per_node < cost.generation_s
+    assert cost.pipelined_step_s == pytest.approx(cost.generation_s)
+    assert pipelined.critical_path_s == pytest.approx(w / 1.25e9)
+    assert [p.critical_s for p in pipelined.parts] == [0.0, pytest.approx(w / 1.25e9), 0.0]
+    assert pipelined.share == pytest.approx(52.4 / (4096.0 + 52.4), rel=1e-3)
+    assert pipelined.share <= 0.03 < cost.naive.share
+    assert all(p.implemented for p in pipelined.parts)
+
+
+def test_a_train_lane_longer_than_the_rollout_lane_puts_the_train_transfers_on_the_critical_path() -> None:
+    slow = handoff.Bandwidth(per_node_bytes_per_s=0.1 * GB, aggregate_bytes_per_s=20 * GB, interconnect_bytes_per_s=1 * GB)
+    cost = paper_cost(bandwidth=slow)
+    w, o = 65_527_752_704, 393_166_516_224
+    upload = fetch = (w + o / 2) / 0.1e9  # 2,621 s each through rank 0's node
+    train_lane = fetch + cost.training_s + upload  # 6,308 s
+    rollout_lane = w / 0.1e9 + cost.generation_s  # 655 + 4,096 = 4,751 s
+    assert train_lane > rollout_lane
+    assert cost.pipelined.critical_path_s == pytest.approx(train_lane - cost.generation_s)
+    upload_part, rollout_part, fetch_part = cost.pipelined.parts
+    assert rollout_part.critical_s == 0.0
+    assert upload_part.critical_s == pytest.approx(fetch_part.critical_s)  # the two train transfers, alike
+    assert upload_part.critical_s + fetch_part.critical_s == pytest.approx(train_lane - cost.generation_s)
+
+
 def test_a_background_upload_longer_than_the_rollout_spills_onto_the_critical_path() -> None:
     slow = handoff.Bandwidth(per_node_bytes_per_s=0.01 * GB, aggregate_bytes_per_s=20 * GB, interconnect_bytes_per_s=1 * GB)
     cost = paper_cost(bandwidth=slow)
@@ -112,6 +147,7 @@ def test_mirror_disk_per_node_by_hand() -> None:
 def test_handoff_table_is_computed() -> None:
     text = handoff.format_handoff(paper_cost())
     assert "naive (as implemented)" in text and "designed (modelled)" in text
+    assert "pipelined (as implemented, run.pipelined: true)" in text and "of a pipelined step (max(generation" in text
     assert "458.7 GB written" in text
 
 
@@ -131,6 +167,9 @@ def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None
     text = describe_handoff(cfg, paper_plan())
     assert "naive (as implemented): 458.7 GB written" in text
     assert f"{cfg.run.steps} steps keep" in text and "TB keeping all" in text
+    assert "this config: run.pipelined: false (synchronous), so the naive row is what it does" in text
+    pipelined = describe_handoff(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pipelined=True)), paper_plan())
+    assert "this config: run.pipelined: true, so the pipelined row is what it does" in pipelined
 
 
 def test_cluster_doc_holds_the_computed_retention_table_and_handoff() -> None:
