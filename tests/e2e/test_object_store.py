@@ -155,3 +155,37 @@ def test_a_fresh_rollout_node_fetches_the_checkpoint_without_its_optimizer_state
     assert (mirrored / "model.safetensors").is_file() and (mirrored / checkpoints.METADATA_FILE).is_file()
     assert not (mirrored / "ds_state").exists()
     assert schemas.read_shard(run_store.fetch(out), schemas.Rollout).num_rows > 0
+
+
+def test_a_pipelined_run_trains_through_the_store(s3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run.pipelined`` on an object store, what docs/CLUSTER.md prices as "pipelined (as
+    implemented)": step N+1's rounds (from the policy after step N-1) are generated while step N
+    trains, both sides reading and publishing through S3 and one node's mirror, where the rollout
+    side evicts old copies while the train side reads its parent. Every step publishes, the rounds
+    record the policy they came from, and a re-run is all cache hits."""
+    from workflows.run_records import action_records, flyte_runs
+
+    root = f"s3://dapo-test/pipelined-{uuid.uuid4().hex[:8]}"
+    env = {**_env(), **s3.env, run_store.MIRROR_ENV: str(tmp_path / "mirror")}
+    args = ["run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", root]
+    for item in [*SMALL, "run.steps=4", "run.pipelined=true", "run.name=pipe"]:
+        args += ["--set", item]
+    _dapo(args, env)
+    _dapo(args, env)
+    for key in (*s3.env, run_store.MIRROR_ENV):  # this process reads the same store and mirror
+        monkeypatch.setenv(key, env[key])
+    run_store._filesystem.cache_clear()
+    layout = RunLayout(run_store.join(root, "pipe"))
+    versions = {}
+    for step in range(1, 5):
+        assert checkpoints.is_complete(layout.checkpoint(step)), step
+        rows = schemas.read_shards([run_store.fetch(p) for p in run_store.glob(layout.step_dir(step), "rollouts/*.parquet")],
+                                   schemas.Rollout)
+        versions[step] = sorted(set(rows.column("policy_version").to_pylist()))
+    # Step N's rounds came from the policy after step N-2 (step 1's and 2's from the step-0 policy).
+    assert versions == {1: [0], 2: [0], 3: [1], 4: [2]}
+    runs, records = flyte_runs(layout), action_records(layout)  # in the driving machine's mirror
+    assert len(runs) == 2
+    second = [r for r in records if r.run_name == runs[1] and r.cache_enabled]
+    assert second and all(r.cache_hit for r in second), [(r.task_name, r.cache_hit) for r in second]
+
