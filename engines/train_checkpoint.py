@@ -146,15 +146,28 @@ class _ExportLayout:
 
 
 def _layout_for(parent: Path, precision: str) -> _ExportLayout:
-    """The parent's export layout at ``precision``, built once per parent config (the model is not kept)."""
+    """The parent's export layout at ``precision``, built once per parent config (the model is not kept).
+
+    Built from the parent's config on the meta device: no weights are read or held, so a train node
+    needs the parent's config files, not its weights (a fresh train pod built it at every step: a
+    Qwen2.5-32B loaded on rank 0's CPU). An architecture with persistent buffers, whose values only
+    the weights file holds, is loaded whole instead.
+    """
     global _export_layout
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     key = ((parent / "config.json").read_bytes(), precision)
     if _export_layout is None or _export_layout.key != key:
         _export_layout = None  # drop the old one before building the next
-        model = AutoModelForCausalLM.from_pretrained(parent, dtype=_EXPORT_DTYPES[precision])
+        dtype = _EXPORT_DTYPES[precision]
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(parent), dtype=dtype)
+        if (parent / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(parent)
         all_parameters = dict(model.named_parameters(remove_duplicate=False))
+        if any(name not in all_parameters for name in model.state_dict()):  # persistent buffers: their values
+            model = AutoModelForCausalLM.from_pretrained(parent, dtype=dtype)
+            all_parameters = dict(model.named_parameters(remove_duplicate=False))
         with tempfile.TemporaryDirectory() as tmp:
             # save_pretrained sets this before writing the config (from_pretrained set the dtype).
             model.config.architectures = [type(model).__name__]
