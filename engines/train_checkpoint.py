@@ -32,9 +32,27 @@ from schemas.disk_space import writing
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
+WEIGHT_FILES = "*.safetensors"  # the HF export's weight files (one, or shards beside an index)
+
 # Files of the parent checkpoint that are not copied into the next one (rewritten or not ours).
 _NOT_COPIED = {"config.json", "generation_config.json", "dapo_checkpoint.json", "train_metrics.parquet",
                "train_timings.json"}
+
+
+def resumes_optimizer_state(checkpoint: str | Path, *, resume_optimizer: bool) -> bool:
+    """True when a step from ``checkpoint`` (a path or a URI) restores its DeepSpeed state: asked to,
+    and the state's record is there (a step-0 policy has none: the step starts a fresh optimizer)."""
+    from storage import run_store  # not at import: the worker processes never need it
+
+    return resume_optimizer and run_store.exists(run_store.join(str(checkpoint), DS_STATE_DIR, DS_META_FILE))
+
+
+def parent_fetch_skip(*, resume: bool, other_ranks_state: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """``run_store.fetch`` skip patterns for the parent of a training step: its HF weights when the
+    step resumes the parent's DeepSpeed state (which restores every weight; engines/train_engine.py:
+    load_policy builds the model from the config), else its optimizer state; and ``other_ranks_state``,
+    the partitions this node's ranks do not load."""
+    return (WEIGHT_FILES, *other_ranks_state) if resume else (f"{DS_STATE_DIR}/*",)
 
 
 def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, zero_stage: int) -> int:

@@ -37,9 +37,14 @@ def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
     return min(1.0, (update_index + 1) / warmup_updates)
 
 
-def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int) -> PreTrainedModel:
+def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int, weights: bool = True) -> PreTrainedModel:
     """The parent HF checkpoint as the model DeepSpeed trains (fp32 parameters; DeepSpeed casts them
     under ``precision: bf16``). Collective under ZeRO-3: every rank calls it.
+
+    ``weights=False`` builds it from the parent's config with its parameters left uninitialised, for
+    a step that resumes the parent's DeepSpeed state, which restores every weight (module states and
+    optimizer partitions, engines/train_checkpoint.py: load_ds_state): the parent's HF weights are
+    neither read nor fetched then (engines/train_checkpoint.py: parent_fetch_skip).
 
     ZeRO-3 (sec. "train" of the paper config) builds it partitioned, inside DeepSpeed's ``zero.Init``,
     which transformers enters while an ``HfDeepSpeedConfig`` of a stage-3 config is alive: each rank
@@ -48,16 +53,25 @@ def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int) -> P
     paper config's 8 ranks would hold 8 x 131 GB of fp32 weights at once on a 900 GiB pod.
     ZeRO-1/2 keep a whole copy of the parameters on every rank anyway.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    def load() -> PreTrainedModel:
+        if weights:
+            return AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
+        with no_init_weights():  # the resumed state overwrites every parameter
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(parent), dtype=torch.float32)
+        model.tie_weights()  # tied as from_pretrained ties them (skipped with the initialisation)
+        return model
 
     if zero_stage != 3:
-        return AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
+        return load()
     from transformers.integrations import HfDeepSpeedConfig
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     zero3 = HfDeepSpeedConfig(ds_config)  # held through a weak reference: it must live while loading
     try:
-        return AutoModelForCausalLM.from_pretrained(parent, dtype=torch.float32)
+        return load()
     finally:
         # Later loads in this process are no collective: the export builds its layout on rank 0 alone
         # (engines/train_checkpoint.py).
@@ -87,7 +101,8 @@ def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine,
         adam_eps=spec.train.adam_eps,
         grad_clip_norm=spec.train.grad_clip_norm,
     )
-    model = load_policy(spec.parent_checkpoint, ds_config, zero_stage=spec.train.zero_stage)
+    model = load_policy(spec.parent_checkpoint, ds_config, zero_stage=spec.train.zero_stage,
+                        weights=spec.resume_ds_state is None)
     pad_token_id = int(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     if spec.train.activation_checkpointing:
         # Keep only each layer's input in forward; recompute the rest in backward.

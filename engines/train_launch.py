@@ -28,6 +28,7 @@ from typing import Any
 import schemas
 from engines import threads, train_server
 from engines import train_batch as tb
+from engines.train_checkpoint import parent_fetch_skip, resumes_optimizer_state
 from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
@@ -312,11 +313,12 @@ def train_step_in_store(
 ) -> TrainStepResult:
     """``train_step`` where the run store may be an object store (storage/run_store.py).
 
-    The parent checkpoint (with its optimizer state) and the batch are fetched into the local
-    mirror; the step publishes into the mirror, and the folder is uploaded with its
+    The parent checkpoint (with its optimizer state, and without its HF weights when the step
+    resumes that state, which restores them) and the batch are fetched into the local mirror; the step publishes into the mirror, and the folder is uploaded with its
     ``dapo_checkpoint.json`` last. The result names ``out_dir`` as given (the URI).
     """
-    parent_local = run_store.fetch(checkpoint_dir)
+    resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
+    parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
         with run_store.output(out_dir, folder=True):  # records the published folder's digests

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.train_checkpoint import parent_fetch_skip, resumes_optimizer_state
 from engines.train_launch import _check_batches, _worker_spec
 from engines.train_publish import (
     TrainStepError,
@@ -188,7 +189,8 @@ def train_step_as_rank(
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
     out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    skip = _state_of_other_nodes(rank, world, local_rank) if config.resume_optimizer else (f"{DS_STATE_DIR}/*",)
+    skip = parent_fetch_skip(resume=resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer),
+                             other_ranks_state=_state_of_other_nodes(rank, world, local_rank))
     checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir, skip=skip), run_store.local_path(out_uri)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)

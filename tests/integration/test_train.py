@@ -384,6 +384,9 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_
     state_files = [p.name for p in (node1_parent / DS_STATE_DIR).rglob("*") if p.is_file()]
     assert any("zero_pp_rank_1_mp_rank_" in n for n in state_files), state_files  # its own partition
     assert not any("zero_pp_rank_0_mp_rank_" in n for n in state_files), state_files  # not node 0's
+    # Nor the parent's HF weights: the engine is built from its config and its weights come with the
+    # DeepSpeed state it resumes (65.5 GB a train node a step for Qwen2.5-32B).
+    assert (node1_parent / "config.json").is_file() and not list(node1_parent.glob("*.safetensors"))
     assert result2["worker_metrics"][0]["updates_done"] == 4  # resumed: 2 updates of step 1 + 2 of step 2
     monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "reader2"))
     assert _max_diff(_weights(run_store.fetch(f"{root}/step-0002")), _weights(runs["E"].checkpoint_dir)) < ATOL
