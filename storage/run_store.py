@@ -264,7 +264,7 @@ def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
     else:
         local.unlink(missing_ok=True)
     local.parent.mkdir(parents=True, exist_ok=True)
-    _skip_note(local).unlink(missing_ok=True)  # what the writer leaves here is whole
+    _forget_notes(local)  # what the writer leaves here is whole
     yield local
     if folder or local.is_dir():
         upload_folder(local, str(path))
@@ -306,15 +306,46 @@ def _download_folder(uri: str, local: Path, keys: list[str]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _skip_note(local: Path) -> Path:
-    """Beside a mirrored folder (not in it: the folder's files are the store's): the patterns of
-    files a partial fetch left out of it. No note: the mirror copy is whole."""
+def _missing_note(local: Path) -> Path:
+    """Beside a mirrored folder (not in it: the folder's files are the store's): the names of the
+    store's files a partial fetch left out of it. No note: the mirror copy is whole."""
+    return local.with_name(f".{local.name}.missing.json")
+
+
+def _old_skip_note(local: Path) -> Path:
+    """The note of an earlier version (skip patterns, not names): its copy is fetched again."""
     return local.with_name(f".{local.name}.skipped.json")
 
 
-def _left_out(local: Path) -> frozenset[str]:
-    note = _skip_note(local)
-    return frozenset(json.loads(note.read_text())) if note.is_file() else frozenset()
+def _missing(local: Path) -> set[str]:
+    note = _missing_note(local)
+    return set(json.loads(note.read_text())) if note.is_file() else set()
+
+
+def _write_missing(local: Path, names: set[str]) -> None:
+    if names:
+        _write_local_atomic(_missing_note(local), json.dumps(sorted(names)).encode())
+    else:
+        _missing_note(local).unlink(missing_ok=True)
+
+
+def _forget_notes(local: Path) -> None:
+    _missing_note(local).unlink(missing_ok=True)
+    _old_skip_note(local).unlink(missing_ok=True)
+
+
+def _download_files(local: Path, keys: dict[str, str]) -> None:
+    """Add the store's files ``keys`` (relative name -> key) to the mirror copy ``local``, each
+    downloaded beside its place and renamed into it: a reader of the copy never sees part of one."""
+    for rel, key in keys.items():
+        target = local / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.fetch-{uuid.uuid4().hex[:8]}")
+        try:
+            _fs(key).get_file(key, str(tmp))
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _skipped(rel: str, skip: Sequence[str]) -> bool:
@@ -331,9 +362,11 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
     ``skip``: patterns (``fnmatch``, on names relative to the folder: ``"ds_state/*"``) of a
     folder's files the caller will not read, left out of the download (the marker never is).
     Rollout and evaluation fetch a checkpoint without its optimizer state
-    (``checkpoints.fetch_policy``): at paper scale 65 GB of weights instead of 459 GB. A mirror
-    copy missing files serves a later fetch only when that one skips them too; one that needs
-    them downloads the folder again, whole or with its own ``skip``.
+    (``checkpoints.fetch_policy``), a training step without its weights when it resumes the
+    optimizer state (engines/train_checkpoint.py): at paper scale 65 GB of 459 GB, and 393 GB. The
+    names a partial copy lacks are noted beside it; a later fetch of the same checkpoint that
+    needs some of them adds just those to the copy, each file renamed into place, and never
+    removes a file another reader on the node may be reading.
     """
     if not is_remote(path):
         return local_path(path)
@@ -353,19 +386,21 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
             raise FileNotFoundError(f"{uri}: no such file or folder in the run store")
         marker_uri = join(uri, FOLDER_MARKER)
         mirrored = local / FOLDER_MARKER
-        if (marker_uri in keys and mirrored.is_file() and mirrored.read_bytes() == read_bytes(marker_uri)
-                and _left_out(local) <= set(skip)):
-            return local  # this checkpoint is already here, with every file the caller reads
         prefix = uri + "/"
-        wanted = [k for k in keys if k == marker_uri or not _skipped(k[len(prefix):], skip)]
-        note = _skip_note(local)
-        if len(wanted) < len(keys):
-            # The note first: a crash before the folder is replaced leaves an over-cautious note.
-            _write_local_atomic(note, json.dumps(sorted(skip)).encode())
-            _download_folder(uri, local, wanted)
-        else:
-            _download_folder(uri, local, wanted)
-            note.unlink(missing_ok=True)
+        names = {k[len(prefix):]: k for k in keys}
+        wanted = {rel for rel in names if rel == FOLDER_MARKER or not _skipped(rel, skip)}
+        if (marker_uri in keys and mirrored.is_file() and mirrored.read_bytes() == read_bytes(marker_uri)
+                and not _old_skip_note(local).exists()):
+            missing = _missing(local)  # this checkpoint is here: add what the caller reads and it lacks
+            needed = sorted(missing & wanted)
+            if needed:
+                _download_files(local, {rel: names[rel] for rel in needed})
+                _write_missing(local, missing - set(needed))
+            return local
+        # The note first: a crash before the folder is replaced leaves an over-cautious note.
+        _write_missing(local, set(names) - wanted)
+        _download_folder(uri, local, [names[rel] for rel in sorted(wanted)])
+        _old_skip_note(local).unlink(missing_ok=True)
         return local
 
 
@@ -398,7 +433,7 @@ def evict_mirrored(path: str | os.PathLike[str], *, keep: int) -> list[Path]:
             continue
         with _locked(old):
             shutil.rmtree(old, ignore_errors=True)
-            _skip_note(old).unlink(missing_ok=True)
+            _forget_notes(old)
         removed.append(old)
     return removed
 

@@ -106,10 +106,12 @@ def _published(root: str, name: str, weights: bytes) -> str:
 
 
 def _downloads(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The keys of every folder download from now on, one list per download."""
+    """The keys of every download from now on, one list per download: a folder's, or the files a
+    fetch adds to a partial copy."""
     downloads: list[list[str]] = []
-    real = run_store._download_folder
-    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloads.append(list(k)), real(u, l, k)))
+    folder, files = run_store._download_folder, run_store._download_files
+    monkeypatch.setattr(run_store, "_download_folder", lambda u, l, k: (downloads.append(list(k)), folder(u, l, k)))
+    monkeypatch.setattr(run_store, "_download_files", lambda l, k: (downloads.append(list(k.values())), files(l, k)))
     return downloads
 
 
@@ -142,11 +144,27 @@ def test_rollout_fetches_a_checkpoint_without_its_optimizer_state(root: str, mon
     assert _files(policy) == [run_store.FOLDER_MARKER, "model.safetensors"]
     assert len(downloads) == 1 and not any("/ds_state/" in key for key in downloads[0]) and len(downloads[0]) == 2
     assert checkpoints.fetch_policy(uri) == policy and len(downloads) == 1  # a second round: nothing fetched
-    # A training step on the same node needs the optimizer state: the partial copy does not serve it.
+    # A training step on the same node needs the optimizer state: the fetch adds it to the copy, and
+    # nothing else: the weights a rollout on the node may be reading stay the same file.
+    weights = (policy / "model.safetensors").stat().st_ino
     whole = run_store.fetch(uri)
     assert whole == policy and _files(whole) == [run_store.FOLDER_MARKER, "ds_state/rank0.pt", "model.safetensors"]
-    assert len(downloads) == 2
+    assert downloads[1:] == [[run_store.join(uri, "ds_state", "rank0.pt")]]
+    assert (whole / "model.safetensors").stat().st_ino == weights
     assert checkpoints.fetch_policy(uri) == whole and len(downloads) == 2  # the whole copy serves a rollout
+    assert run_store.fetch(uri) == whole and len(downloads) == 2  # and a training step
+
+
+def test_a_copy_left_by_an_earlier_version_is_fetched_again(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its note held skip patterns, not names: what it lacks is not known, so it serves no fetch.
+    uri = _published(root, "step-0001", b"w1")
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(run_store.mirror_root()) + "-old-node")
+    policy = checkpoints.fetch_policy(uri)
+    (policy.parent / ".step-0001.missing.json").unlink()
+    (policy.parent / ".step-0001.skipped.json").write_text('["ds_state/*"]')
+    downloads = _downloads(monkeypatch)
+    assert (run_store.fetch(uri) / "ds_state" / "rank0.pt").is_file() and len(downloads) == 1
+    assert not (policy.parent / ".step-0001.skipped.json").exists()
 
 
 def test_a_step_written_again_on_the_node_leaves_a_whole_copy(root: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,7 +205,8 @@ def test_every_fetch_holds_what_it_did_not_skip_and_downloads_only_when_it_must(
                                                                                fetches: list[tuple[str, ...]]) -> None:
     # A fresh node fetches one checkpoint again and again, each time skipping other files: after each
     # fetch the mirror holds every file the fetch did not skip, with the store's bytes, and nothing the
-    # store lacks; it downloads only when the files it kept out before are not all skipped now.
+    # store lacks; it downloads the folder once, then only the files a fetch reads and the copy lacks,
+    # and never removes one.
     import fnmatch
     import os
     import tempfile
@@ -195,27 +214,30 @@ def test_every_fetch_holds_what_it_did_not_skip_and_downloads_only_when_it_must(
     with tempfile.TemporaryDirectory() as scratch:
         old = os.environ.get(run_store.MIRROR_ENV)
         os.environ[run_store.MIRROR_ENV] = scratch
-        real = run_store._download_folder
+        folder, add = run_store._download_folder, run_store._download_files
         try:
             uri = f"memory://dapo-test/prop-{uuid.uuid4().hex[:8]}/checkpoints/step-0001"
-            for name in [*sorted(files), run_store.FOLDER_MARKER]:
+            every = files | {run_store.FOLDER_MARKER}
+            for name in sorted(every):
                 run_store.write_text(run_store.join(uri, name), f"bytes of {name}")
-            downloads: list[int] = []
-            run_store._download_folder = lambda u, l, k: (downloads.append(len(k)), real(u, l, k))  # type: ignore[assignment]
-            left_out: set[str] | None = None  # None: nothing fetched yet
+            got: list[set[str]] = []  # the names each download brought
+            name_of = lambda key: key[len(uri) + 1:]  # noqa: E731
+            run_store._download_folder = lambda u, l, k: (got.append({name_of(x) for x in k}), folder(u, l, k))  # type: ignore[assignment]
+            run_store._download_files = lambda l, k: (got.append({name_of(x) for x in k.values()}), add(l, k))  # type: ignore[assignment]
+            missing: set[str] | None = None  # what the copy lacks; None: no copy yet
             for skip in fetches:
                 local = run_store.fetch(uri, skip=skip)
                 held = set(_files(local))
                 wanted = {f for f in files if not any(fnmatch.fnmatchcase(f, p) for p in skip)} | {run_store.FOLDER_MARKER}
-                assert wanted <= held <= files | {run_store.FOLDER_MARKER}
+                assert wanted <= held <= every
                 assert all((local / f).read_text() == f"bytes of {f}" for f in held)
-                must_download = left_out is None or not left_out <= set(skip)
-                assert len(downloads) == 1 if must_download else not downloads
-                if downloads:
-                    left_out = set(skip) if held != files | {run_store.FOLDER_MARKER} else set()
-                downloads.clear()
+                need = wanted if missing is None else missing & wanted
+                assert got == ([need] if need else [])
+                missing = (every - wanted) if missing is None else missing - need
+                assert held == every - missing  # nothing removed
+                got.clear()
         finally:
-            run_store._download_folder = real  # type: ignore[assignment]
+            run_store._download_folder, run_store._download_files = folder, add  # type: ignore[assignment]
             if old is None:
                 os.environ.pop(run_store.MIRROR_ENV, None)
             else:
