@@ -17,9 +17,9 @@ Three hand-offs are priced (:func:`step_handoff`):
   storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
   Ray head (the task body) fetch its weights, config and tokenizer, not the optimizer state
   (``storage.checkpoints.fetch_policy``); every train node of the next step (fresh pods) fetches
-  the parent's weights and its own ranks' partitions of the optimizer state
-  (engines/train_rank.py). All of it lies on the step's critical path (the driver runs rollout and
-  train one after the other).
+  its own ranks' partitions of the parent's optimizer state, not the weights, which that state
+  restores (engines/train_rank.py, engines/train_engine.py: ``load_policy``). All of it lies on
+  the step's critical path (the driver runs rollout and train one after the other).
 - **designed**, modelled only: the optimizer state stays in the warm train ranks' memory between
   steps (engines/train_server.py does this within one process; on a cluster it needs train pods
   that outlive a step) and goes to the store every ``optimizer_upload_every_steps`` steps in the
@@ -113,7 +113,7 @@ class StepHandoff:
     throughput: Throughput
     optimizer_upload_every_steps: int
     mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
-    mirror_train_node_bytes: int  # rank 0's node: the parent's weights and share of the state, and the output's
+    mirror_train_node_bytes: int  # rank 0's node: its share of the parent's state, the output's weights and share
 
 
 def checkpoint_bytes(params: int, precision: str) -> tuple[int, int]:
@@ -159,15 +159,16 @@ def step_handoff(
 
     upload = transfer_seconds(whole, w + o / tn, bw)
     rollout_fetch = transfer_seconds((rn + 1) * w, w, bw)
-    train_fetch = transfer_seconds(tn * w + o, w + o / tn, bw)
+    train_fetch = transfer_seconds(o, o / tn, bw)
     naive = _cost("naive (as implemented)", [
         Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", whole, upload,
                  upload, True),
         Transfer(f"rollout: {rn} engine node(s) + the Ray head each fetch the weights (no optimizer state)",
                  (rn + 1) * w, rollout_fetch, rollout_fetch, True),
-        Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch the parent's weights and "
-                 f"their ranks' 1/{tn} of its optimizer state", tn * w + o, train_fetch, train_fetch, True),
-    ], whole, (rn + 1) * w + tn * w + o, step_s)
+        Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch their ranks' 1/{tn} of the "
+                 "parent's optimizer state (not its weights: the state restores them)", o, train_fetch, train_fetch,
+                 True),
+    ], whole, (rn + 1) * w + o, step_s)
 
     export = transfer_seconds(w, w / tn, bw)
     weights_fetch = transfer_seconds(rn * w, w, bw)
@@ -180,10 +181,10 @@ def step_handoff(
                  False),
     ], w + o // k, rn * w, step_s)
     pipelined, pipelined_step_s = _pipelined(naive, generation_s, training_s, rollout_fetch_total=(rn + 1) * w,
-                                             train_fetch_total=tn * w + o, bandwidth=bw)
+                                             train_fetch_total=o, bandwidth=bw)
     # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
     # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
-    mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, 2 * (w + o // tn)
+    mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
     return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, pipelined, pipelined_step_s, bw, t, k,
                        mirror_rollout, mirror_train)
 
@@ -265,7 +266,8 @@ def format_handoff(h: StepHandoff) -> str:
                   for p in cost.parts]
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
-                 "GB (the parent's weights and its ranks' optimizer state, and the same of the step's output)")
+                 "GB (its ranks' share of the parent's optimizer state, and the step's output: the weights and its "
+                 "ranks' share of the state)")
     return "\n".join(lines)
 
 
