@@ -865,3 +865,26 @@ def test_warm_steps_equal_cold_steps_bitwise_when_the_batch_size_changes(ck0: Pa
         assert _same_weights(w.checkpoint_dir, c.checkpoint_dir), step
         assert same_state(optimizer_state(w.checkpoint_dir), optimizer_state(c.checkpoint_dir)) == [], step
         assert wm["grad_norms"] == cm["grad_norms"], step
+
+
+# Also after the tests that share the module's warm group (it replaces it).
+@pytest.mark.slow
+def test_a_bf16_zero3_step_resumed_from_disk_equals_the_one_continued_in_memory(runs: dict, tmp_path: Path) -> None:
+    """The paper config's precision and ZeRO stage on 2 ranks: step 2 continued by the warm group
+    from memory, and the same step launched cold, whose engine is built from the parent's config and
+    takes every weight from the parent's DeepSpeed state (the parent's HF weights are not read:
+    engines/train_engine.load_policy), publish the same weights."""
+    config = replace(CONFIG, precision="bf16", zero_stage=3, num_processes=2, micro_batch_samples=2)
+    train_server.stop_active()
+    try:
+        w1 = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "w1", step=1, config=config)
+        w2 = train_step(w1.checkpoint_dir, [runs["shard2"]], tmp_path / "w2", step=2, config=config)
+    finally:
+        train_server.stop_active()
+    cold_parent = tmp_path / "cold-parent"  # the parent without its HF weights: the cold step must not need them
+    shutil.copytree(w1.checkpoint_dir, cold_parent, ignore=shutil.ignore_patterns("*.safetensors"))
+    c2 = train_step(cold_parent, [runs["shard2"]], tmp_path / "c2", step=2,
+                    config=replace(config, keep_workers_warm=False))
+    assert w2.timings["continued_in_memory"] == 1.0 and c2.timings["warm_group"] == 0.0
+    assert _same_weights(w2.checkpoint_dir, c2.checkpoint_dir)
+    assert w2.checkpoint_id == c2.checkpoint_id
