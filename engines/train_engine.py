@@ -2,9 +2,9 @@
 
 ``build_engine`` loads the parent HF checkpoint in fp32 (``load_policy``: partitioned from the
 start under ZeRO-3) and wraps it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, the
-paper's linear warm-up, gradient clipping; the config is infra/deepspeed.py's). ``forward_log_probs`` gives the current policy's log-prob of every token
-(the old log-probs before the first update, the new ones in each update) with the entropy the
-step reports, either from the full logits or chunk by chunk from the hidden states
+paper's linear warm-up, gradient clipping; the config is infra/deepspeed.py's).
+``forward_log_probs`` gives the current policy's log-prob of every token (the old log-probs before
+the first update, the new ones in each update) with the entropy the step reports, either from the full logits or chunk by chunk from the hidden states
 (dapo_core/logprobs.py). ``probe_logits`` is for the export tests. The step itself
 (engines/train_step.py) decides when each runs; restoring and saving the optimizer state is
 engines/train_checkpoint.py.
@@ -46,7 +46,7 @@ def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int, weig
     optimizer partitions, engines/train_checkpoint.py: load_ds_state): the parent's HF weights are
     neither read nor fetched then (engines/train_checkpoint.py: parent_fetch_skip).
 
-    ZeRO-3 (sec. "train" of the paper config) builds it partitioned, inside DeepSpeed's ``zero.Init``,
+    ZeRO-3 (the paper config's) builds it partitioned, inside DeepSpeed's ``zero.Init``,
     which transformers enters while an ``HfDeepSpeedConfig`` of a stage-3 config is alive: each rank
     holds 1/world of every parameter from the start and the checkpoint's tensors are read through
     memory maps, one parameter gathered at a time. Loaded whole on every rank instead, a node of the

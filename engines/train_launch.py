@@ -314,8 +314,9 @@ def train_step_in_store(
     """``train_step`` where the run store may be an object store (storage/run_store.py).
 
     The parent checkpoint (with its optimizer state, and without its HF weights when the step
-    resumes that state, which restores them) and the batch are fetched into the local mirror; the step publishes into the mirror, and the folder is uploaded with its
-    ``dapo_checkpoint.json`` last. The result names ``out_dir`` as given (the URI).
+    resumes that state, which restores them) and the batch are fetched into the local mirror; the
+    step publishes into the mirror, and the folder is uploaded with its ``dapo_checkpoint.json``
+    last. The result names ``out_dir`` as given (the URI).
     """
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
