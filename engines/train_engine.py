@@ -4,10 +4,10 @@
 start under ZeRO-3) and wraps it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, the
 paper's linear warm-up, gradient clipping; the config is infra/deepspeed.py's).
 ``forward_log_probs`` gives the current policy's log-prob of every token (the old log-probs before
-the first update, the new ones in each update) with the entropy the step reports, either from the full logits or chunk by chunk from the hidden states
-(dapo_core/logprobs.py). ``probe_logits`` is for the export tests. The step itself
-(engines/train_step.py) decides when each runs; restoring and saving the optimizer state is
-engines/train_checkpoint.py.
+the first update, the new ones in each update) with the entropy the step reports, either from the
+full logits or chunk by chunk from the hidden states (dapo_core/logprobs.py). ``probe_logits`` is
+for the export tests. The step itself (engines/train_step.py) decides when each runs; restoring and
+saving the optimizer state is engines/train_checkpoint.py.
 """
 
 from __future__ import annotations
