@@ -32,8 +32,6 @@ from schemas.disk_space import writing
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
 
-WEIGHT_FILES = "*.safetensors"  # the HF export's weight files (one, or shards beside an index)
-
 # Files of the parent checkpoint that are not copied into the next one (rewritten or not ours).
 _NOT_COPIED = {"config.json", "generation_config.json", "dapo_checkpoint.json", "train_metrics.parquet",
                "train_timings.json"}
@@ -52,7 +50,10 @@ def parent_fetch_skip(*, resume: bool, other_ranks_state: tuple[str, ...] = ()) 
     step resumes the parent's DeepSpeed state (which restores every weight; engines/train_engine.py:
     load_policy builds the model from the config), else its optimizer state; and ``other_ranks_state``,
     the partitions this node's ranks do not load."""
-    return (WEIGHT_FILES, *other_ranks_state) if resume else (f"{DS_STATE_DIR}/*",)
+    from storage.checkpoints import WEIGHT_SUFFIXES  # not at import: the worker processes never need it
+
+    weights = tuple(f"*{suffix}" for suffix in WEIGHT_SUFFIXES)
+    return (*weights, *other_ranks_state) if resume else (f"{DS_STATE_DIR}/*",)
 
 
 def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, zero_stage: int) -> int:

@@ -37,7 +37,7 @@ from engines.train_publish import (
     publish_step,
     published_result,
 )
-from engines.train_spec import DS_META_FILE, DS_STATE_DIR, WorkerSpec
+from engines.train_spec import DS_STATE_DIR, WorkerSpec
 from settings.train import TrainConfig
 from storage import checkpoints, digests, run_store
 
@@ -189,15 +189,14 @@ def train_step_as_rank(
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
     out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    skip = parent_fetch_skip(resume=resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer),
-                             other_ranks_state=_state_of_other_nodes(rank, world, local_rank))
+    resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
+    skip = parent_fetch_skip(resume=resume, other_ranks_state=_state_of_other_nodes(rank, world, local_rank))
     checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir, skip=skip), run_store.local_path(out_uri)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
     if checkpoints.is_complete(out_uri):
         return published_result(out_uri, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
     batches_meta = _check_batches([(step, list(scored_shards))], config, parent.step)
-    resume = config.resume_optimizer and (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging, work_dir = _shared_names(out_dir, step)
     spec = WorkerSpec.from_dict(
         _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume))

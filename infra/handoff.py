@@ -180,8 +180,7 @@ def step_handoff(
                  "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
                  False),
     ], w + o // k, rn * w, step_s)
-    pipelined, pipelined_step_s = _pipelined(naive, generation_s, training_s, rollout_fetch_total=(rn + 1) * w,
-                                             train_fetch_total=o, bandwidth=bw)
+    pipelined, pipelined_step_s = _pipelined(naive, generation_s, training_s, bandwidth=bw)
     # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
     # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
     mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
@@ -189,8 +188,8 @@ def step_handoff(
                        mirror_rollout, mirror_train)
 
 
-def _pipelined(naive: HandoffCost, generation_s: float, training_s: float, *, rollout_fetch_total: int,
-               train_fetch_total: int, bandwidth: Bandwidth) -> tuple[HandoffCost, float]:
+def _pipelined(naive: HandoffCost, generation_s: float, training_s: float, *,
+               bandwidth: Bandwidth) -> tuple[HandoffCost, float]:
     """The naive transfers when step N+1's rollout runs beside step N's training (``run.pipelined``).
 
     A step lasts ``max(rollout lane, train lane)``: the rollout lane fetches the weights of the
@@ -200,7 +199,7 @@ def _pipelined(naive: HandoffCost, generation_s: float, training_s: float, *, ro
     the train fetch's bytes beside it in the store's aggregate bandwidth.
     """
     upload, rollout, train_fetch = naive.parts  # as step_handoff lists them
-    rollout_s = max(rollout.seconds, (rollout_fetch_total + train_fetch_total) / bandwidth.aggregate_bytes_per_s)
+    rollout_s = max(rollout.seconds, (rollout.bytes + train_fetch.bytes) / bandwidth.aggregate_bytes_per_s)
     base = max(generation_s, training_s)
     rollout_excess = max(0.0, generation_s + rollout_s - base)
     train_excess = max(0.0, train_fetch.seconds + training_s + upload.seconds - base)
