@@ -34,6 +34,7 @@ from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
 from workflows.config import RunConfig, load_config
+from workflows.local_flyte import run_local
 from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
 from workflows.run_output import log_file, run_output
 from workflows.run_records import close_open_actions, db_path
@@ -134,27 +135,15 @@ def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[]
     close_open_actions(layout, "abandoned: the driver of this folder stopped (killed) before the action finished")
     try:
         init_flyte_for_run(layout)
-        raw_data = run_store.local_path(layout.flyte_dir) / "raw"
-        raw_data.mkdir(parents=True, exist_ok=True)
-        outputs = call_interruptibly(lambda: _run_local(task, inputs, raw_data=raw_data))
+        flyte_dir = run_store.local_path(layout.flyte_dir)
+        outputs = call_interruptibly(
+            lambda: run_local(task, inputs, raw_data=flyte_dir / "raw", actions=flyte_dir / "actions"))
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
         stop_workers()
         close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
         raise RunInterrupted(interrupted()) from None
-    return outputs[0] if isinstance(outputs, tuple) else outputs
-
-
-def _run_local(task: Any, inputs: dict[str, Any], *, raw_data: Path) -> Any:
-    """Run ``task`` through local Flyte to its end; returns its outputs.
-
-    Flyte's raw-data folder (where it would offload large values; our tasks pass paths, so it stays
-    empty) is ``raw_data`` in the run's Flyte folder: left unset, Flyte makes a new folder in the
-    system temp folder for every run and never removes it.
-    """
-    run = flyte.with_runcontext(mode="local", raw_data_path=str(raw_data)).run(task, **inputs)
-    run.wait()
-    return run.outputs()
+    return outputs
 
 
 def call_interruptibly(call: Callable[[], T]) -> T:

@@ -102,6 +102,16 @@ def test_a_finished_run_leaves_nothing_in_the_system_temp_folder(
     assert [name for name in left if not name.startswith("torchinductor_")] == []
 
 
+def test_flytes_action_folders_are_in_the_run_folder_and_only_the_report_is_kept(run_root: Path,
+        first_run: subprocess.CompletedProcess[str]) -> None:
+    """Local Flyte put a run's action folders under /tmp/flyte/metadata whatever TMPDIR said (the
+    test above cannot see them) and kept them all, ~4 a step: they are the run's, and only the
+    driver's report page holds anything."""
+    actions = run_root / "ref" / "flyte" / "actions"
+    assert [p.relative_to(actions).parts[2:] for p in actions.rglob("*") if p.is_file()] == [("report.html",)]
+    assert [p for p in actions.rglob("*") if p.is_dir() and not any(p.iterdir())] == []
+
+
 @pytest.fixture(scope="module")
 def finished_run(run_root: Path, first_run: subprocess.CompletedProcess[str]) -> RunLayout:
     return RunLayout(run_root / "ref")

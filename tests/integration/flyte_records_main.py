@@ -12,11 +12,13 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import flyte
 
 from infra.environments import cpu_env
 from storage.run_layout import RunLayout
+from workflows.local_flyte import run_local
 from workflows.pipeline import init_flyte_for_run
 
 
@@ -30,9 +32,11 @@ def flyte_connection_settings(tag: str) -> list[str]:
 
 
 def main() -> int:
-    init_flyte_for_run(RunLayout(sys.argv[1]))
-    outputs = flyte.run(flyte_connection_settings, tag="one").outputs()
-    settings = outputs[0] if isinstance(outputs, tuple) else outputs
+    layout = RunLayout(sys.argv[1])
+    init_flyte_for_run(layout)
+    flyte_dir = Path(layout.flyte_dir)
+    settings = run_local(flyte_connection_settings, {"tag": "one"}, raw_data=flyte_dir / "raw",
+                         actions=flyte_dir / "actions")
     print(json.dumps({"synchronous": settings[0], "journal_mode": settings[1]}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     return 1

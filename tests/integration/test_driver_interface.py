@@ -15,9 +15,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = """
-import dataclasses, os, sys
+import dataclasses, os, sys, tempfile
+from pathlib import Path
 import flyte
 from flyte.io import Dir, File
+from workflows.local_flyte import run_local
 from workflows.config import RunConfig, load_config
 from workflows.driver import RunOutcome, dapo_pipeline
 
@@ -34,8 +36,8 @@ async def echo(run_config: RunConfig) -> RunConfig:
 
 cfg = load_config(sys.argv[1], ["run.steps=7", "train.lr=3e-5"])
 flyte.init()
-run = flyte.with_runcontext(mode="local").run(echo, run_config=cfg)
-out = run.outputs()
+with tempfile.TemporaryDirectory() as folder:
+    out = run_local(echo, {"run_config": cfg}, raw_data=Path(folder) / "raw", actions=Path(folder) / "actions")
 back = out[0] if isinstance(out, tuple) else out
 assert isinstance(back, RunConfig), type(back)
 assert back.to_dict() == cfg.to_dict(), (back.to_dict(), cfg.to_dict())

@@ -107,11 +107,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
 
     from tasks.train import train as train_task
 
+    from workflows.local_flyte import run_local
+
     flyte.init()
-    run = flyte.run(train_task, checkpoint_dir=str(ck0), scored_shards=[str(shard1)], out_dir=str(root / "C1"),
-                    step=1, config=replace(CONFIG, micro_batch_samples=1))
-    outputs = run.outputs()
-    published = outputs[0] if isinstance(outputs, tuple) else outputs
+    published = run_local(train_task, {"checkpoint_dir": str(ck0), "scored_shards": [str(shard1)],
+                                       "out_dir": str(root / "C1"), "step": 1,
+                                       "config": replace(CONFIG, micro_batch_samples=1)},
+                          raw_data=root / "flyte-raw", actions=root / "flyte-actions")
     import schemas
 
     row = schemas.read_shard(Path(published.checkpoint_dir) / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
@@ -301,6 +303,7 @@ def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: 
     (tmp_path / "args.json").write_text(json.dumps(args))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         f"--log-dir={tmp_path / 'torchelastic'}",  # else a torchelastic_* folder in /tmp per launch
          str(Path(__file__).parent / "elastic_rank_main.py"), str(tmp_path / "args.json")],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
@@ -331,6 +334,7 @@ def _two_node_step(tmp_path: Path, args: dict) -> tuple[dict, list[str]]:
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
              "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+             f"--log-dir={tmp_path / f'torchelastic-{node}'}",  # else a torchelastic_* folder in /tmp
              str(Path(__file__).parent / "elastic_rank_main.py"), str(tmp_path / "args.json")],
             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo),

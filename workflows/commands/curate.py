@@ -17,6 +17,7 @@ from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
 from storage import digests, run_store
 from tasks.curate import curate
+from workflows.local_flyte import run_local
 from workflows.verified_calls import check_remade, must_remake, record_stamps
 
 _TEMPLATES = {"dapo": DAPO_PROMPT_TEMPLATE, "tiny": TINY_PROMPT_TEMPLATE}
@@ -51,12 +52,11 @@ def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> Cu
     upstream = digests.upstream_digest([split_suffix(spec)[0] for spec in inputs])
 
     def run(task: Any) -> CurateReport:
-        # Flyte's raw-data folder for the call (nothing is offloaded: the report is small), removed
-        # after; left unset, Flyte makes one in the system temp folder per call and keeps it.
-        with tempfile.TemporaryDirectory(prefix="dapo-flyte-raw-") as raw_data:
-            outputs = flyte.with_runcontext(mode="local", raw_data_path=raw_data).run(
-                task, inputs=inputs, out_dir=out_dir, config=config, upstream_digest=upstream).outputs()
-        return outputs if isinstance(outputs, CurateReport) else outputs[0]
+        # Flyte's raw-data and action folders for the call (nothing is offloaded: the report is
+        # small), removed after; left to Flyte, both stay in /tmp/flyte (workflows/local_flyte.py).
+        with tempfile.TemporaryDirectory(prefix="dapo-flyte-") as folder:
+            return run_local(task, {"inputs": inputs, "out_dir": out_dir, "config": config, "upstream_digest": upstream},
+                             raw_data=Path(folder) / "raw", actions=Path(folder) / "actions")
 
     stamps = record_stamps([out_dir])
     report = run(curate)
