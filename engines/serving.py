@@ -19,11 +19,13 @@ workers, resource tracker), found by parentage before the stop so none is orphan
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -75,12 +77,21 @@ def server_command(checkpoint_dir: str | Path, settings: vllm_engine.EngineSetti
             "--served-model-name", model_name, "--host", host, "--port", str(port)]
 
 
-def server_environment(settings: vllm_engine.EngineSettings) -> dict[str, str]:
-    """This process's environment plus the engine's CPU variables (values the user set win)."""
+def server_environment(settings: vllm_engine.EngineSettings, temp_dir: Path) -> dict[str, str]:
+    """This process's environment plus the engine's CPU variables (values the user set win), with
+    ``temp_dir`` as the server's temp folder.
+
+    The server's processes talk over ZeroMQ sockets and a file-based process-group rendezvous in
+    the temp folder, and leave them there when they stop, Ctrl-C included (seven sockets and a
+    ``vllm_dist_*`` file a session): the caller makes ``temp_dir`` and removes it after. torch's
+    compile cache stays where it would be, shared between sessions.
+    """
     env = {**os.environ, **vllm_engine.engine_environment(settings.cpu_threads, settings.cpu_kvcache_gib)}
     # The offline engine's in-process switch: the API server ignores it for its engine core but
     # warns that it changes the launcher's random state; it has no meaning for a server.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
+    env["TMPDIR"] = str(temp_dir)
     return env
 
 

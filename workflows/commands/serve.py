@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from engines import rollout, serving, vllm_engine
 from settings.rollout import RolloutConfig
@@ -53,17 +55,18 @@ def run_cli(args: argparse.Namespace) -> int:
     settings = engine_settings_for(policy, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads)
     command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
                                      port=args.port, on_cpu=not vllm_engine.gpu_count())
-    process = serving.start_server(command, serving.server_environment(settings))
-    base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
-    try:
-        serving.wait_until_ready(process, base_url, timeout_s=args.ready_timeout)
-    except serving.ServerError as err:
-        serving.stop_server(process)
-        print(f"dapo serve: error: {err} (its log is above)", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        serving.stop_server(process)
-        return 0
-    print(f"dapo serve: {base_url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
-          "Ctrl-C to stop", flush=True)
-    return serving.serve_until_stopped(process)
+    with tempfile.TemporaryDirectory(prefix="dapo-serve-", ignore_cleanup_errors=True) as temp_dir:
+        process = serving.start_server(command, serving.server_environment(settings, Path(temp_dir)))
+        base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+        try:
+            serving.wait_until_ready(process, base_url, timeout_s=args.ready_timeout)
+        except serving.ServerError as err:
+            serving.stop_server(process)
+            print(f"dapo serve: error: {err} (its log is above)", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            serving.stop_server(process)
+            return 0
+        print(f"dapo serve: {base_url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
+              "Ctrl-C to stop", flush=True)
+        return serving.serve_until_stopped(process)
