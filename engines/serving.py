@@ -49,6 +49,7 @@ WAIT_SLICE_S = 0.2  # the main thread wakes this often while serving (see serve_
 # After the server stopped by itself, how long its children may take to follow (vLLM's resource
 # tracker cleans up shared memory as it exits, ~0.5 s after the server) before they are killed.
 CHILDREN_GRACE_S = 3.0
+SOCKET_PATH_MAX_BYTES = 107  # a Unix socket's path (sockaddr_un.sun_path, less its NUL); ZeroMQ checks it
 
 
 class ServerError(RuntimeError):
@@ -77,21 +78,32 @@ def server_command(checkpoint_dir: str | Path, settings: vllm_engine.EngineSetti
             "--served-model-name", model_name, "--host", host, "--port", str(port)]
 
 
-def server_environment(settings: vllm_engine.EngineSettings, temp_dir: Path) -> dict[str, str]:
+def socket_folder(temp_dir: Path) -> Path | None:
+    """``temp_dir`` when the server's socket paths in it fit a Unix socket address, else None.
+
+    A socket's path in the temp folder (a 36-character name) must fit ``sun_path``: 107 bytes.
+    """
+    return temp_dir if len(os.fsencode(temp_dir)) + 1 + 36 <= SOCKET_PATH_MAX_BYTES else None
+
+
+def server_environment(settings: vllm_engine.EngineSettings, temp_dir: Path | None) -> dict[str, str]:
     """This process's environment plus the engine's CPU variables (values the user set win), with
     ``temp_dir`` as the server's temp folder.
 
     The server's processes talk over ZeroMQ sockets and a file-based process-group rendezvous in
     the temp folder, and leave them there when they stop, Ctrl-C included (seven sockets and a
     ``vllm_dist_*`` file a session): the caller makes ``temp_dir`` and removes it after. torch's
-    compile cache stays where it would be, shared between sessions.
+    compile cache stays where it would be, shared between sessions. ``None`` (a temp folder too
+    deep for socket paths: :func:`socket_folder`) leaves the system temp folder in place.
     """
     env = {**os.environ, **vllm_engine.engine_environment(settings.cpu_threads, settings.cpu_kvcache_gib)}
     # The offline engine's in-process switch: the API server ignores it for its engine core but
     # warns that it changes the launcher's random state; it has no meaning for a server.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"))
-    env["TMPDIR"] = str(temp_dir)
+    if temp_dir is not None:
+        compile_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"  # torch's default
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache))
+        env["TMPDIR"] = str(temp_dir)
     return env
 
 

@@ -13,10 +13,12 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,7 +74,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     port = _free_port()
     log = tmp_path_factory.mktemp("serve-log") / "serve.log"
-    temp = tmp_path_factory.mktemp("serve-system-temp")  # its TMPDIR: what it leaves there is seen
+    # Its TMPDIR, to see what it leaves there: short, as /tmp is (a pytest folder is too deep for the
+    # server's socket paths, and dapo serve would then leave the system temp folder as it is).
+    temp = Path(tempfile.mkdtemp(prefix="serve-tmp-", dir="/tmp"))
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "workflows.cli", "serve", str(checkpoint), "--port", str(port), "--cpu-threads", "1"],
@@ -95,6 +99,7 @@ def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         except ProcessLookupError:
             pass
         process.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _wait_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:

@@ -110,3 +110,13 @@ def test_ctrl_c_caught_on_another_thread_still_stops_the_server() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_the_servers_temp_folder_is_used_only_where_its_socket_paths_fit(tmp_path: Path) -> None:
+    # ZeroMQ refuses an ipc path over 107 bytes, and the server names its sockets with 36-character
+    # uuids: a deeper temp folder would stop the server at its start (seen with a pytest folder).
+    shallow, deep = Path("/tmp/dapo-serve-abcdefgh"), tmp_path / ("d" * 80)
+    assert serving.socket_folder(shallow) == shallow and serving.socket_folder(deep) is None
+    settings = serving.vllm_engine.EngineSettings()
+    assert serving.server_environment(settings, shallow)["TMPDIR"] == str(shallow)
+    assert serving.server_environment(settings, None).get("TMPDIR") == os.environ.get("TMPDIR")

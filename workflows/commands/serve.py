@@ -56,7 +56,8 @@ def run_cli(args: argparse.Namespace) -> int:
     command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
                                      port=args.port, on_cpu=not vllm_engine.gpu_count())
     with tempfile.TemporaryDirectory(prefix="dapo-serve-", ignore_cleanup_errors=True) as temp_dir:
-        process = serving.start_server(command, serving.server_environment(settings, Path(temp_dir)))
+        env = serving.server_environment(settings, serving.socket_folder(Path(temp_dir)))
+        process = serving.start_server(command, env)
         base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
         try:
             serving.wait_until_ready(process, base_url, timeout_s=args.ready_timeout)
