@@ -59,6 +59,16 @@ from engines.train_spec import TrainStepFailure, WorkerSpec
 _TOKEN_WEIGHTED = ("clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl")
 
 
+def _add_micro_batch(sums: dict[str, torch.Tensor], loss: torch.Tensor, metrics: dict[str, torch.Tensor],
+                     weight: float) -> None:
+    """Add one micro-batch's ``weight``-scaled loss and token-weighted ``_TOKEN_WEIGHTED`` metrics to
+    ``sums`` (float64 tensors on the loss's device; nothing is read back to the host)."""
+    n_tok = metrics["num_tokens"].detach().double() * weight
+    terms = {"loss": loss.double() * weight, **{key: metrics[key].detach().double() * n_tok for key in _TOKEN_WEIGHTED}}
+    for key, term in terms.items():
+        sums[key] = sums[key] + term if key in sums else term
+
+
 def backward_scale(*, world_size: int, accumulation_steps: int) -> float:
     """Factor on each micro-batch's loss so DeepSpeed's gradient is the mini-batch gradient.
 
@@ -250,8 +260,13 @@ class StepRunner:
                            mini_tokens: float, mini_sequences: float | None, scale: float, sums: dict[str, float],
                            step: int) -> None:
         """Forward/backward every micro-batch of mini-batch ``m``, then its one optimizer step; adds
-        the loss and the token-weighted clip/KL fractions to ``sums``."""
-        finite = True
+        the loss and the token-weighted clip/KL fractions to ``sums``.
+
+        The micro-batches' loss, finiteness and metrics are summed on the device and read once, at
+        the mini-batch's boundary: reading each (``float(loss)``) would wait for the GPU's queue to
+        drain after every micro-batch."""
+        device_sums: dict[str, torch.Tensor] = {}
+        finite: torch.Tensor | bool = True
         steps_before = self.engine.global_steps
         for j, (idx, weight) in enumerate(micro):
             # The last micro-batch of the mini-batch is the accumulation boundary (gradient
@@ -262,21 +277,20 @@ class StepRunner:
             mb = tb.select(sb.batch, idx)
             loss, metrics = self._micro_batch_loss(mb, old.log_probs[m][j], old.weights[m][j] if sb.correct else None,
                                                    mini_tokens=mini_tokens, mini_sequences=mini_sequences)
-            finite = finite and bool(torch.isfinite(loss))
+            finite = torch.isfinite(loss.detach()) & finite
             self.engine.backward(loss * (weight * scale))
+            _add_micro_batch(device_sums, loss.detach(), metrics, weight)
             if j == len(micro) - 1:
                 # All ranks agree before stepping: a NaN anywhere stops the step everywhere.
-                (all_finite,) = all_reduce_scalars([1.0 if finite else 0.0], dist.ReduceOp.MIN)
+                (all_finite,) = all_reduce_scalars([1.0 if bool(finite) else 0.0], dist.ReduceOp.MIN)
                 if all_finite < 1.0:
                     raise TrainStepFailure(f"step {step}: loss is not finite (mini-batch {m}); nothing published")
             self.engine.step()
             if self.engine.global_steps != steps_before + (j == len(micro) - 1):
                 raise TrainStepFailure(f"step {step}: DeepSpeed's optimizer step did not follow the last "
                                        f"micro-batch of mini-batch {m} (micro-batch {j} of {len(micro)})")
-            n_tok = float(metrics["num_tokens"]) * weight
-            sums["loss"] += float(loss) * weight
-            for key in _TOKEN_WEIGHTED:
-                sums[key] += float(metrics[key]) * n_tok
+        for key, total in device_sums.items():
+            sums[key] += float(total)
 
     def _micro_batch_loss(self, mb: tb.TrainBatch, old_lp: torch.Tensor, weights: torch.Tensor | None, *,
                           mini_tokens: float, mini_sequences: float | None
