@@ -307,6 +307,19 @@ def clear_engine_cache() -> None:
     _ENGINES.clear()
 
 
+def release_process_group() -> None:
+    """Tear down the process group an in-process engine joined, as vLLM does at the interpreter's
+    exit: for an exit that skips it (``os._exit`` after Ctrl-C). The group's rendezvous file
+    (``vllm_dist_*`` in the temp folder) is removed with it; left, one stayed per interrupted run."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
 def generate(
     llm: LLM,
     prompt_token_ids: Sequence[Sequence[int]],

@@ -199,6 +199,10 @@ def stop_workers() -> None:
 
     train_server.stop_now()
     vllm_engine.clear_engine_cache()
+    try:
+        vllm_engine.release_process_group()
+    except Exception:  # noqa: BLE001  best effort on the way out: an engine mid-generation may object
+        pass
     me = os.getpid()
     for pid in reversed(train_server.process_tree(me)[1:]):
         try:

@@ -27,9 +27,11 @@ def _args(run_root: Path, *extra: str) -> list[str]:
 
 def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_config_is_refused(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "intr")
+    system_temp = tmp_path / "system-temp"  # the run's TMPDIR, to see what the stop leaves there
+    system_temp.mkdir()
     # Own process group, signalled as a terminal does: the driver and every child get SIGINT.
-    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(system_temp),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         # Step 1's DAPO update has begun once its staging folder exists (made before the workers
@@ -61,6 +63,10 @@ def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_c
     records = action_records(layout)
     assert records and not [r for r in records if r.status == "running"], [(r.task_name, r.status) for r in records]
     assert any(r.task_name.endswith("train") and r.status == "failed" for r in records)
+    # The stop skips the interpreter's exit, so what vLLM's exit would remove (the rendezvous file of
+    # the in-process engine's process group) stayed in the temp folder; now the stop removes it.
+    # torch's compile cache is kept on purpose.
+    assert [p.name for p in system_temp.iterdir() if not p.name.startswith("torchinductor_")] == []
 
     # The interrupted folder is bound to its config: another lr is refused at once, in one line.
     again = subprocess.run(_args(tmp_path, "train.lr=2e-4"), cwd=REPO, env=_env(), capture_output=True, text=True,
