@@ -7,7 +7,9 @@ with the reason when Chromium, its driver or the selenium package is missing; .c
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,12 +42,15 @@ def browser() -> Iterator[Any]:
                 f"--window-size={WIDTH},{HEIGHT}", "--hide-scrollbars"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(service=Service(driver), options=options)
-    try:
-        drv.set_window_size(WIDTH, HEIGHT)
-        yield drv
-    finally:
-        drv.quit()
+    # Chromium leaves a folder for its singleton socket in the temp folder at every start: give it
+    # one of its own, removed after.
+    with tempfile.TemporaryDirectory(prefix="test-chromium-") as temp:
+        drv = webdriver.Chrome(service=Service(driver, env={**os.environ, "TMPDIR": temp}), options=options)
+        try:
+            drv.set_window_size(WIDTH, HEIGHT)
+            yield drv
+        finally:
+            drv.quit()
 
 
 def inspect_page(drv: Any, page: Path, screenshot: Path) -> dict[str, Any]:
