@@ -48,6 +48,7 @@ SMALL = [
     "bootstrap.require_band=false",
     "rollout.samples_per_prompt=4",
     "train.micro_batch_samples=16",
+    "train.updates_per_step=4",
     "evaluate.samples_per_problem=2",
     "evaluate.max_problems=16",
 ]
