@@ -47,15 +47,13 @@ if torch.cuda.is_available():
     # Seconds of imports (transformers, pandera, the engines): not paid where every test skips.
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from test_train import ATOL, CONFIG, _max_diff, _reference_step, _weights
-    from train_fixtures import optimizer_state, random_batch, same_state, write_scored
+    from train_fixtures import assert_published_whole, optimizer_state, random_batch, same_state, write_scored
 
     from engines import train_server
     from engines.tiny_policy import build_random_checkpoint
     from engines.train_launch import _worker_env, train_step
-    from engines.train_publish import METRICS_FILE
     from engines.train_spec import DS_STATE_DIR
     from settings.train import TrainConfig
-    from storage import checkpoints
 
 LAUNCH_TIMEOUT_S = 300.0  # inside pytest's --timeout, so a hung launch fails with the workers' log tail
 # GPU vs CPU, fp32 both (no TF32: see the probe below), so summation order only: test_train.py's
@@ -136,15 +134,7 @@ def test_the_step_publishes_a_complete_checkpoint_and_the_optimizer_state_from_t
     from transformers import AutoConfig, AutoModelForCausalLM
 
     w1 = warm["w1"]
-    folder = Path(w1.checkpoint_dir)
-    info = checkpoints.read_info(folder)
-    assert info.checkpoint_id == w1.checkpoint_id and info.step == 1 and info.produced_by == "train"
-    assert info.parent_checkpoint_id == checkpoints.read_info(inputs["ck0"]).checkpoint_id
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json", METRICS_FILE, "train_timings.json"):
-        assert (folder / name).is_file(), name
-    assert (folder / DS_STATE_DIR / "latest").is_file()
-    assert not list(folder.parent.glob(".*.staging-*"))
+    folder = assert_published_whole(w1.checkpoint_dir, w1.checkpoint_id, inputs["ck0"])
     assert (w1.metrics["samples"], w1.metrics["masked_samples"]) == (9, 1)
 
     state = optimizer_state(folder)

@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_fixtures import optimizer_state, random_batch, same_state, write_scored  # noqa: E402
+from train_fixtures import assert_published_whole, optimizer_state, random_batch, same_state, write_scored  # noqa: E402
 
 from dapo_core.losses import policy_loss  # noqa: E402
 from engines import train_batch as tb
@@ -131,15 +131,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
 
 def test_step_publishes_a_complete_checkpoint(runs: dict) -> None:
     a = runs["A"]
-    folder = Path(a.checkpoint_dir)
-    info = checkpoints.read_info(folder)
-    assert info.checkpoint_id == a.checkpoint_id and info.step == 1 and info.produced_by == "train"
-    assert info.parent_checkpoint_id == checkpoints.read_info(runs["ck0"]).checkpoint_id
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                 "generation_config.json", METRICS_FILE, "train_timings.json"):
-        assert (folder / name).is_file(), name
-    assert (folder / DS_STATE_DIR / "latest").is_file()
-    assert not list(folder.parent.glob(".*.staging-*"))
+    folder = assert_published_whole(a.checkpoint_dir, a.checkpoint_id, runs["ck0"])
     m = a.metrics
     # 11 rows: 2 dropped (kept=False) are excluded, 1 of the 9 kept is overlong-filtered.
     assert (m["samples"], m["masked_samples"]) == (9, 1)
