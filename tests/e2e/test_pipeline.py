@@ -247,7 +247,9 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
     for item in [*SMALL, f"run.name={name}"]:
         args += ["--set", item]
-    proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    temp = run_root / f"{name}-system-temp"  # the killed run's and its re-run's TMPDIR
+    temp.mkdir()
+    proc = subprocess.Popen(args, cwd=REPO, env=_env(temp), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.monotonic() + 600
     try:
@@ -270,7 +272,13 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     page = (Path(layout.report_dir) / "index.html").read_text()
     assert "id='hl-status' data-value='&#x27;running, step 1/2" in page, page[:3000]
 
-    _dapo_run(run_root, name)
+    killed_left = sorted(p.name for p in temp.iterdir())
+    _dapo_run(run_root, name, temp=temp)
+    # What the kill left in the temp folder: the train launch's folder, removed by the re-run (its
+    # owner is gone), and the in-process vLLM engine's rendezvous file, which names no owner and stays.
+    assert any(n.startswith("dapo-train-") for n in killed_left), killed_left
+    left = [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")]
+    assert [n for n in left if not n.startswith("vllm_dist_")] == [], left
     runs = flyte_runs(layout)
     last = [r for r in action_records(layout) if r.run_name == runs[-1] and r.cache_enabled]
     ran = [r.task_name.split(".")[-1] for r in last if not r.cache_hit]
