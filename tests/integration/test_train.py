@@ -110,10 +110,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
     from workflows.local_flyte import run_local
 
     flyte.init()
-    published = run_local(train_task, {"checkpoint_dir": str(ck0), "scored_shards": [str(shard1)],
-                                       "out_dir": str(root / "C1"), "step": 1,
-                                       "config": replace(CONFIG, micro_batch_samples=1)},
-                          raw_data=root / "flyte-raw", actions=root / "flyte-actions")
+    # Uncached: without a run folder's config the cache is the user's (~/.flyte), and a later suite
+    # whose temp folders repeat these paths (pytest numbers them afresh once /tmp/pytest-of-* is
+    # cleared) would get this call's old result, whose folder is gone.
+    inputs = {"checkpoint_dir": str(ck0), "scored_shards": [str(shard1)], "out_dir": str(root / "C1"), "step": 1,
+              "config": replace(CONFIG, micro_batch_samples=1)}
+    published = run_local(train_task.override(cache="disable"), inputs, raw_data=root / "flyte-raw",
+                          actions=root / "flyte-actions")
     import schemas
 
     row = schemas.read_shard(Path(published.checkpoint_dir) / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
