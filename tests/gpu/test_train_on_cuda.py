@@ -134,7 +134,7 @@ def test_the_step_publishes_a_complete_checkpoint_and_the_optimizer_state_from_t
     from transformers import AutoConfig, AutoModelForCausalLM
 
     w1 = warm["w1"]
-    folder = assert_published_whole(w1.checkpoint_dir, w1.checkpoint_id, inputs["ck0"])
+    folder = assert_published_whole(w1.checkpoint_dir, w1.checkpoint_id, inputs["ck0"], step=1)
     assert (w1.metrics["samples"], w1.metrics["masked_samples"]) == (9, 1)
 
     state = optimizer_state(folder)

@@ -134,7 +134,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
 
 def test_step_publishes_a_complete_checkpoint(runs: dict) -> None:
     a = runs["A"]
-    folder = assert_published_whole(a.checkpoint_dir, a.checkpoint_id, runs["ck0"])
+    folder = assert_published_whole(a.checkpoint_dir, a.checkpoint_id, runs["ck0"], step=1)
     m = a.metrics
     # 11 rows: 2 dropped (kept=False) are excluded, 1 of the 9 kept is overlong-filtered.
     assert (m["samples"], m["masked_samples"]) == (9, 1)

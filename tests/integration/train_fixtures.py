@@ -139,8 +139,8 @@ def same_state(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
-def assert_published_whole(checkpoint_dir: str | Path, checkpoint_id: str, parent: str | Path) -> Path:
-    """A train step's published folder is whole: its record names this step and its parent, it holds
+def assert_published_whole(checkpoint_dir: str | Path, checkpoint_id: str, parent: str | Path, *, step: int) -> Path:
+    """Step ``step``'s published folder is whole: its record names this step and its parent, it holds
     every file of an HF checkpoint plus the step's metrics, timings and DeepSpeed state, and no
     staging copy is left beside it. Returns the folder."""
     from engines.train_publish import METRICS_FILE
@@ -149,7 +149,7 @@ def assert_published_whole(checkpoint_dir: str | Path, checkpoint_id: str, paren
 
     folder = Path(checkpoint_dir)
     info = checkpoints.read_info(folder)
-    assert info.checkpoint_id == checkpoint_id and info.step == 1 and info.produced_by == "train"
+    assert info.checkpoint_id == checkpoint_id and info.step == step and info.produced_by == "train"
     assert info.parent_checkpoint_id == checkpoints.read_info(parent).checkpoint_id
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                  "generation_config.json", METRICS_FILE, "train_timings.json"):
