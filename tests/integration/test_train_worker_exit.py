@@ -1,0 +1,54 @@
+"""A training rank whose work is done ends without the interpreter's teardown.
+
+A bf16 ZeRO-3 launch of two ranks on the CPU lost a rank to SIGABRT about once in 25 launches
+("terminate called without an active exception"; with ``PYTHONFAULTHANDLER`` set: the main thread
+alone, no Python frame), after every output of the step was written and the process group destroyed:
+while the interpreter destroyed torch's, gloo's and DeepSpeed's C++ objects at exit. torchrun then
+reported the launch failed and the finished step was thrown away (a CI failure of
+test_train.py::test_a_bf16_zero3_step_resumed_from_disk_equals_the_one_continued_in_memory).
+
+The crash cannot be provoked on demand, so this test puts one in the same place: every rank (and only
+the ranks: torchrun sets ``LOCAL_RANK`` for them, not for its agent) registers ``os.abort`` with
+``atexit`` through a ``sitecustomize`` module on its ``PYTHONPATH``, which runs at the interpreter's
+teardown, as the C++ destructors do. A rank that ends with ``os._exit`` once its work is done (engines/
+train_worker.py) never reaches it; one that returns into the interpreter's exit aborts and fails the step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_fixtures import assert_published_whole, random_batch, write_scored  # noqa: E402
+
+from engines.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train_launch import train_step  # noqa: E402
+from settings.train import TrainConfig  # noqa: E402
+
+SITECUSTOMIZE = """
+import atexit, os
+if "LOCAL_RANK" in os.environ:  # a training rank, not torchrun's agent
+    atexit.register(os.abort)
+"""
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_a_crash_in_the_interpreters_teardown_after_the_step_does_not_fail_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, num_processes: int) -> None:
+    ck0 = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    shard = write_scored(tmp_path / "batch1.parquet", random_batch(1, 4, vocab=vocab))
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    config = TrainConfig(num_processes=num_processes, micro_batch_samples=2, updates_per_step=1, seed=3,
+                         keep_workers_warm=False)
+    result = train_step(ck0, [shard], tmp_path / "w1", step=1, config=replace(config))
+    assert result.timings["warm_group"] == 0.0  # a one-off launch, whose ranks exit after the step
+    assert_published_whole(result.checkpoint_dir, result.checkpoint_id, ck0, step=1)
