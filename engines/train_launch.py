@@ -53,6 +53,9 @@ def _worker_env(num_processes: int) -> dict[str, str]:
     # trainer's share of them while pipelined rollouts run beside it: engines/threads.py).
     env.setdefault("OMP_NUM_THREADS", str(max(1, threads.stage_cpus() // num_processes)))
     env.setdefault("DS_ACCELERATOR", "cuda" if _has_cuda() else "cpu")
+    # A rank killed by a signal (a C++ abort, a segfault) prints its threads' Python stacks into the
+    # worker log, which a failed step's error quotes.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     return env
 
 

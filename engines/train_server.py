@@ -98,14 +98,27 @@ class WorkerLog:
             return WorkerLog(path=path, start=handle.tell())
 
     def tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines written since this launch began (for an error message)."""
+        """The last ``lines`` lines the ranks wrote since this launch began, then torchrun's summary
+        of which rank failed how (for an error message). The agent's own traceback between them
+        (~17 lines of torch.distributed internals) is left out: it would push the ranks' last
+        words, e.g. a crashed rank's stacks, out of the message."""
         try:
             with self.path.open("rb") as handle:
                 handle.seek(self.start)
                 text = handle.read().decode(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(_without_agent_traceback(text.splitlines(), lines))
+
+
+def _without_agent_traceback(lines: list[str], keep: int) -> list[str]:
+    """``lines`` of a worker log: the last ``keep`` before torchrun's traceback (ending in its
+    ``ChildFailedError``) and all after it; the last ``keep`` lines when there is none."""
+    end = next((i for i in range(len(lines) - 1, -1, -1) if "ChildFailedError" in lines[i]), None)
+    if end is None:
+        return lines[-keep:]
+    start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most recent call last)")), end)
+    return [*lines[:start][-keep:], *lines[end + 1:]]
 
 
 @dataclass

@@ -28,6 +28,7 @@ from train_fixtures import assert_published_whole, random_batch, write_scored  #
 
 from engines.tiny_policy import build_random_checkpoint  # noqa: E402
 from engines.train_launch import train_step  # noqa: E402
+from engines.train_publish import TrainStepError  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 
 SITECUSTOMIZE = """
@@ -52,3 +53,23 @@ def test_a_crash_in_the_interpreters_teardown_after_the_step_does_not_fail_the_s
     result = train_step(ck0, [shard], tmp_path / "w1", step=1, config=replace(config))
     assert result.timings["warm_group"] == 0.0  # a one-off launch, whose ranks exit after the step
     assert_published_whole(result.checkpoint_dir, result.checkpoint_id, ck0, step=1)
+
+
+def test_a_rank_that_crashes_in_native_code_shows_where_in_the_steps_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank killed by a signal (here SIGABRT while importing, as a C++ abort would) leaves its Python
+    stack in the log the step's error quotes: the ranks run with ``faulthandler`` on."""
+    ck0 = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    shard = write_scored(tmp_path / "batch1.parquet", random_batch(1, 4, vocab=vocab))
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(
+        "import os\n\ndef crash_here():\n    os.abort()\n\nif 'LOCAL_RANK' in os.environ:\n    crash_here()\n")
+    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    monkeypatch.delenv("PYTHONFAULTHANDLER", raising=False)
+    config = TrainConfig(num_processes=1, micro_batch_samples=2, updates_per_step=1, seed=3, keep_workers_warm=False)
+    with pytest.raises(TrainStepError) as caught:
+        train_step(ck0, [shard], tmp_path / "w1", step=1, config=config)
+    assert "Fatal Python error: Aborted" in str(caught.value)
+    assert "in crash_here" in str(caught.value)
