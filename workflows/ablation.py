@@ -38,7 +38,7 @@ from workflows.pipeline import (
     exit_interrupted,
     run_driver_locally,
 )
-from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
+from workflows.run_binding import RunFolderError, check_can_hold, check_run_folder, hold_run_folder
 
 
 @dataclass(frozen=True)
@@ -258,6 +258,11 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.ablation_report import format_table
 
     config = load_config(args.config, args.set)
+    count = len(ladder(config))
+    bad = [index for index in args.rungs or [] if not 0 <= index < count]
+    if bad:
+        print(f"dapo ablate: --rungs {' '.join(map(str, bad))}: no such rung; the ladder has rungs 0-{count - 1}", file=sys.stderr)
+        return 2
     if args.report_only:
         from workflows.ablation_report import write_ablation
 
@@ -274,6 +279,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
         log = ladder_folder(config, args.run_root) / LOG_NAME
         try:
+            check_can_hold(log.parent)
             with run_output(log, command="ablate", verbose=args.verbose):
                 table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
         except RunFolderError as err:

@@ -98,11 +98,12 @@ def _run_command(argv: list[str]) -> int:
     if module is None:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
         return 2
+    from settings.checks import FieldError
     from workflows.config import ConfigError
 
     try:
         return int(module.run_cli(args) or 0)
-    except ConfigError as err:
+    except (ConfigError, FieldError) as err:  # FieldError: a stage setting given as a command-line option
         # A config mistake is the user's, not the code's: one line naming the file or --set
         # and the field, no traceback, exit code 2 (as argparse does for bad arguments).
         print(f"dapo {args.command}: config error: {err}", file=sys.stderr)

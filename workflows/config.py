@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from readers.problem_files import CurationError, parse_input_spec
 from settings.bootstrap import BootstrapConfig
 from settings.checks import FieldError, check_fields
 from settings.curate import CurateConfig
@@ -250,6 +251,9 @@ def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overri
     unknown = sorted(set(sections) - set(classes))
     if unknown:
         raise ConfigError(f"{source}: unknown section(s) {unknown}; known: {sorted(classes)}")
+    for name, fields in sections.items():
+        if fields is not None and not isinstance(fields, dict):
+            raise ConfigError(f"{source}: section {name!r} must be a mapping of fields, got {fields!r}")
     merged = {name: dict(sections.get(name) or {}) for name in classes}
     blame: dict[str, dict[str, str]] = {name: {} for name in classes}
     for item in overrides:
@@ -295,11 +299,41 @@ def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]])
         config.rollout.check_for_training()
     except FieldError as err:
         fail("rollout", err)
+    try:
+        gives_test_split = _gives_test_split(config.run.data, config.curate.test_fraction)
+    except CurationError as err:
+        fail("run", FieldError("data", list(config.run.data), f"holds a bad input spec: {err}"))
+    if not gives_test_split:
+        # Held-out evaluation needs a test split; found out after curation, the run folder would
+        # already hold this config (workflows/run_binding.py).
+        where = f"--set {blame['run']['data']}" if "data" in blame["run"] else f"{source}: run.data"
+        raise ConfigError(
+            f"{where}: no input gives a held-out (test) split, which evaluation needs: set curate.test_fraction "
+            "> 0, mark an input @test, or give a synthetic input test_fraction=F (e.g. "
+            "synthetic:n=2000,seed=0,test_fraction=0.2)")
     score, max_tokens = config.score, config.rollout.max_response_tokens
     if score.soft_overlong_punishment and score.overlong_buffer_tokens > max_tokens:
         # dapo_core/overlong.py: L_cache must fit inside L_max (eq. 13).
         fail("score", FieldError("overlong_buffer_tokens", score.overlong_buffer_tokens,
                                  f"must be <= rollout.max_response_tokens={max_tokens} (L_cache within L_max, eq. 13)"))
+
+
+def _gives_test_split(data: Sequence[str], test_fraction: float) -> bool:
+    """Whether curating ``data`` (run.data's specs) puts any problem in the test split: decided from the
+    specs alone, without reading an input (an ``hf:`` data set may hold a test split: assumed so)."""
+    if test_fraction > 0:
+        return True
+    for spec in data:
+        parsed = parse_input_spec(spec)
+        if parsed.split == "test" or parsed.kind == "hf":
+            return True
+        if parsed.split is None and parsed.kind == "synthetic":
+            try:
+                if float(parsed.options.get("test_fraction", "0")) > 0:
+                    return True
+            except ValueError:
+                return True  # a bad value: curation names it
+    return False
 
 
 def stage_config(section: str, config_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
@@ -329,6 +363,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
         raw = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError as err:
         raise ConfigError(f"{path}: config file not found") from err
+    except IsADirectoryError as err:
+        raise ConfigError(f"{path}: is a folder, not a config file (e.g. configs/tiny-cpu.yaml)") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(raw, dict):

@@ -35,7 +35,7 @@ from storage.run_layout import RunLayout
 from workflows import progress
 from workflows.config import RunConfig, load_config
 from workflows.local_flyte import run_local
-from workflows.run_binding import RunFolderError, check_run_folder, hold_run_folder
+from workflows.run_binding import RunFolderError, check_can_hold, check_run_folder, hold_run_folder
 from workflows.run_output import log_file, run_output
 from workflows.run_records import close_open_actions, db_path
 
@@ -259,9 +259,10 @@ def _interval_text(interval: list[float] | None) -> str:
 
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
-    log = log_file(run_layout(config, args.run_root))
+    layout = run_layout(config, args.run_root)
     try:
-        with run_output(log, command="run", verbose=args.verbose):
+        check_can_hold(layout.root)
+        with run_output(log_file(layout), command="run", verbose=args.verbose):
             summary = run_pipeline(config, args.run_root)
     except RunFolderError as err:
         print(f"dapo run: {err}", file=sys.stderr)

@@ -93,9 +93,31 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
 
 
 def check_run_folder(layout: RunLayout, wanted: dict[str, Any]) -> None:
-    """:func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an object store), if it has one."""
+    """:func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an object store), if it has one
+    and its run published anything.
+
+    Curation is every run's first stage and publishes ``curate/`` whole or not at all
+    (engines/curation.py). A run that stopped before that (an input missing or unreadable, Ctrl-C
+    during curation) computed nothing its folder keeps: its record binds nothing, and a run of a
+    corrected config starts there afresh instead of being refused for the very fields that were fixed.
+    """
+    if not run_store.exists(layout.curate_dir):
+        return
     record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
     check_run_record(str(layout.root), record, wanted)
+
+
+def check_can_hold(folder: str | os.PathLike[str]) -> None:
+    """:class:`RunFolderError` when ``folder`` (a local path), or the nearest of its parents that exists,
+    is a file: before anything is created under it (the run's log file is the first)."""
+    if run_store.is_remote(str(folder)):
+        return
+    for path in (Path(folder), *Path(folder).parents):
+        if path.is_dir():
+            return
+        if path.exists():
+            raise RunFolderError(f"{folder} cannot be a run folder: {path} is a file, not a folder "
+                                 "(give --run-root a folder; it is created if missing)")
 
 
 # ----------------------------------------------------------------------------- the lock

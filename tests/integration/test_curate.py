@@ -287,6 +287,20 @@ def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "missing.parquet: no such file" in capsys.readouterr().err
 
 
+def test_cli_refuses_bad_options_in_one_line_before_curating(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    spec = "synthetic:n=40,seed=5"
+    assert main(["curate", spec, "--test-fraction", "1.5", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "dapo curate: config error: test_fraction=1.5 must be in [0, 1)", err
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("{}\n")
+    assert main(["curate", spec, "--out", str(taken)]) == 1
+    assert f"--out {taken} is a file" in capsys.readouterr().err
+    assert taken.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["taken.jsonl"]
+
+
 def test_a_problem_too_long_for_a_prompt_is_rejected_at_curation_not_when_drawn() -> None:
     """A 5 MB problem used to pass curation and kill the run only when a rollout drew it."""
     records = [RawRecord("s", 0, "What is 2+2?", "4"), RawRecord("s", 1, "x" * 5_000_000 + " What is 1+1?", "2")]

@@ -65,6 +65,28 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="mapping of sections"):
         load_config(listy)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("run: 5\n")
+    with pytest.raises(ConfigError, match=r"section 'run' must be a mapping of fields, got 5"):
+        load_config(scalar)
+    with pytest.raises(ConfigError, match="is a folder, not a config file"):
+        load_config(tmp_path)
+
+
+def test_a_run_without_a_held_out_split_is_refused_at_load_time(tmp_path: Path) -> None:
+    """Evaluation needs a test split; without one a run failed after curation, its folder already bound
+    to the config. Every default gives none: an empty config file is refused before any work."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match=r"empty\.yaml: run\.data: no input gives a held-out \(test\) split"):
+        load_config(empty)
+    with pytest.raises(ConfigError, match=r"^--set run\.data=.*no input gives a held-out"):
+        load_config(empty, ["run.data=[a.jsonl@train]"])
+    for fixed in (["curate.test_fraction=0.2"], ["run.data=[a.jsonl@train, b.jsonl@test]"],
+                  ["run.data=['synthetic:n=100,test_fraction=0.3']"], ["run.data=[hf:some/set]"]):
+        load_config(empty, fixed)
+    with pytest.raises(ConfigError, match=r"run\.data.*synthetic option 'n' is not key=value"):
+        load_config(empty, ["run.data=['synthetic:n']"])
 
 
 def test_stage_config_for_stage_clis(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 from workflows.run_binding import (
     LOCK_FILE,
     RunFolderError,
+    check_run_folder,
     check_run_record,
     config_changes,
     hold_run_folder,
@@ -51,6 +52,21 @@ def test_retention_may_change_on_resume_and_be_missing_from_an_older_record() ->
     check_run_record("runs/r", {"config": newer}, {**newer, "run": {**newer["run"], "keep_weights_every_steps": 10}})
     with pytest.raises(RunFolderError, match=r"train\.lr"):
         check_run_record("runs/r", {"config": OLD}, {**_with("train", "lr", 2e-4), "run": newer["run"]})
+
+
+def test_a_run_that_published_nothing_binds_nothing(tmp_path: Path) -> None:
+    """A run that stopped before curation published (a missing input file) leaves a run.json; a run of
+    the corrected config starts in that folder. Once curate/ exists the record binds."""
+    from storage.run_layout import RunLayout
+
+    layout = RunLayout(tmp_path / "r")
+    Path(layout.root).mkdir()
+    Path(layout.run_record).write_text(json.dumps({"config": OLD}))
+    fixed = _with("run", "data", ["synthetic:n=20"])
+    check_run_folder(layout, fixed)
+    Path(layout.curate_dir).mkdir()
+    with pytest.raises(RunFolderError, match=r"run\.data"):
+        check_run_folder(layout, fixed)
 
 
 def test_another_config_is_refused_naming_each_field() -> None:
@@ -134,3 +150,27 @@ def test_a_record_from_before_run_pipelined_resumes_synchronously_only() -> None
         check_run_record("runs/r", {"config": OLD}, _with("run", "pipelined", True))
     with pytest.raises(RunFolderError, match=r"run\.pipelined"):
         check_run_record("runs/r", {"config": _with("run", "pipelined", True)}, _with("run", "pipelined", False))
+
+
+def test_a_run_root_that_is_a_file_is_refused_before_anything_is_created(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    root = tmp_path / "rootfile"
+    root.write_text("not a folder")
+    for argv in (["run", "--run-root", str(root)], ["run", "--run-root", str(root / "deeper")],
+                 ["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(root)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"{root} is a file, not a folder" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rootfile"]
+
+
+def test_ablate_refuses_a_rung_the_ladder_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from workflows.cli import main
+
+    for rungs in (["9"], ["2", "-1"]):
+        argv = ["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(tmp_path), "--rungs", *rungs]
+        assert main(argv) == 2
+        assert f"--rungs {rungs[-1]}: no such rung; the ladder has rungs 0-5" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

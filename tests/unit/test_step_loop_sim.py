@@ -95,12 +95,11 @@ def check_resume_equals_uninterrupted(loop: LoopSettings, rates: dict[str, float
 def run_checked(loop: LoopSettings, rates: dict[str, float], group: int) -> tuple[list[StepPlan], SimulatedCache, object]:
     cache = SimulatedCache()
     try:
-        plans, stages = simulate(loop, rates, group, cache=cache)
+        plans, _ = simulate(loop, rates, group, cache=cache)
         error = None
     except DynamicSamplingExhaustedError as err:  # the documented outcome under on_max_rounds: raise
         error = err
         plans = []
-        stages = None
     return plans, cache, error
 
 

@@ -78,6 +78,9 @@ def run_cli(args: argparse.Namespace) -> int:
         answer_rewrites=tuple(args.rewrite),
         rewrite_answers=not args.no_rewrite,
     )
+    if not run_store.is_remote(args.out) and Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"dapo curate: error: --out {args.out} is a file; give a folder (created if missing)", file=sys.stderr)
+        return 1
     try:
         if args.flyte:
             out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
