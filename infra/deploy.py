@@ -67,12 +67,16 @@ class DeployError(RuntimeError):
 
 
 def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture | None:
-    """The architecture to size: ``--model`` name, else one named in the bootstrap source; None for the tiny policy."""
+    """The architecture to size: ``--model`` name, else one named in the bootstrap source; None for the tiny
+    policies: the one warmed up (``tiny``) and those shipped in assets/policies (``shipped:NAME``, the
+    main job's), which fit the CPU and need no cluster plan."""
+    from engines.policy_bootstrap import SHIPPED_PREFIX
+
     if model:
         if model.lower() not in KNOWN_ARCHITECTURES:
             raise DeployError(f"--model {model!r}: known architectures are {sorted(KNOWN_ARCHITECTURES)}")
         return KNOWN_ARCHITECTURES[model.lower()]
-    if source == "tiny":
+    if source == "tiny" or source.startswith(SHIPPED_PREFIX):
         return None
     for name, arch in KNOWN_ARCHITECTURES.items():
         if name in source.lower():

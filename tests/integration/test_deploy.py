@@ -35,6 +35,14 @@ def test_dry_run_serialises_every_task() -> None:
         assert f".{task}  [" in result.stdout, task
 
 
+def test_the_main_jobs_config_dry_runs() -> None:
+    """Its step-0 policy is shipped (bootstrap.source: shipped:tiny-addsub30), a tiny one: no cluster plan
+    to size, as for bootstrap.source: tiny (the dry run refused it, asking for --model)."""
+    result = _deploy("--dry-run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "would register 8 task(s) in 3 environment(s)" in result.stdout
+
+
 def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     out = tmp_path / "deploy.json"
     result = _deploy("--dry-run", "--config", str(PAPER_CONFIG), "--run-store-pvc", "dapo-runs", "--json-out", str(out))
