@@ -48,10 +48,13 @@ def _checkpoint_dirs(layout: RunLayout) -> list[Path]:
 
 
 def checkpoint_by_id(layout: RunLayout, checkpoint_id: str) -> Path:
-    """The folder of checkpoint ``checkpoint_id`` (or of ``step-N`` / an int step) in the run."""
+    """The folder of checkpoint ``checkpoint_id`` (or of ``step-N`` / an int step: ``step-3``,
+    ``step-0003`` and ``3`` name the same one) in the run."""
+    step_text = checkpoint_id.removeprefix("step-")
+    step = int(step_text) if step_text.isdigit() else None
     for folder in _checkpoint_dirs(layout):
         info = checkpoints.read_info(folder)
-        if checkpoint_id in (info.checkpoint_id, folder.name, str(info.step)):
+        if checkpoint_id in (info.checkpoint_id, folder.name) or info.step == step:
             return folder
     known = [checkpoints.read_info(f).checkpoint_id for f in _checkpoint_dirs(layout)]
     raise LineageError(f"{layout.checkpoints_dir}: no checkpoint {checkpoint_id!r}; known: {known}")

@@ -129,6 +129,9 @@ def test_lineage_reads_pruned_checkpoints(tmp_path: Path) -> None:
     pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
     chain = checkpoint_lineage(layout, "3")["ancestry"]
     assert [c["step"] for c in chain] == [3, 2, 1, 0]
+    # `dapo lineage --checkpoint`: its id, step-N (padded or not) or the step number
+    for name in ("step-3", "step-0003", "3", chain[0]["checkpoint_id"]):
+        assert checkpoint_lineage(layout, name)["ancestry"] == chain, name
 
 
 def test_dapo_verify_prints_pruned_checkpoints_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
