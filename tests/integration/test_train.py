@@ -22,6 +22,8 @@ under TORCH_EXTENSIONS_DIR / ~/.cache/torch_extensions).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -127,7 +129,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
     sets = [f"train.{k}={v}" for k, v in (("micro_batch_samples", 4), ("updates_per_step", 2), ("lr", 3e-3),
                                            ("weight_decay", 0.1), ("warmup_steps", 2), ("tis_cap", 2.0), ("seed", 7))]
     argv = ["train", str(root / "A1"), str(shard2), "--out", str(root / "D2"), "--step", "2"]
-    out["D_rc"] = dapo_main(argv + [a for s in sets for a in ("--set", s)])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        out["D_rc"] = dapo_main(argv + [a for s in sets for a in ("--set", s)])
+    out["D_stdout"] = printed.getvalue()
     out["E"] = train_steps(ck0, [(1, [shard1]), (2, [shard2])], root / "E2", config=replace(CONFIG, keep_workers_warm=False))
     return out
 
@@ -409,6 +414,16 @@ def test_loss_agg_is_checked() -> None:
         TrainConfig(loss_agg="mean")
     with pytest.raises(ValueError, match="loss_norm_tokens=0"):
         TrainConfig(loss_agg="seq-mean-token-sum-norm")
+
+
+def test_dapo_train_prints_strict_json(runs: dict) -> None:
+    """Its metrics hold NaN where a step has no figure (no rollout accuracy or reward): printed as null,
+    not as the bare NaN Python writes, which is not JSON (jq and other parsers refuse the document)."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"not JSON: {constant}")
+
+    printed = json.loads(runs["D_stdout"], parse_constant=refuse)
+    assert printed["checkpoint"] == str(runs["root"] / "D2") and printed["accuracy"] is None
 
 
 def test_optimizer_state_carries_over_through_the_checkpoint(runs: dict) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 
 from engines.policy_bootstrap import BootstrapError, bootstrap_policy
 from storage import checkpoints
+from workflows.commands import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,5 +36,5 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"dapo bootstrap: error: {err}", file=sys.stderr)
         return 1
     info = checkpoints.read_info(folder)
-    print(json.dumps({"checkpoint": str(folder), **asdict(info)}, indent=2, sort_keys=True, default=str))
+    print(json_output.dumps({"checkpoint": str(folder), **asdict(info)}))
     return 0

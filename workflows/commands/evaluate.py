@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 from engines.evaluation import evaluate_checkpoint
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage import run_store
+from workflows.commands import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +35,6 @@ def run_cli(args: argparse.Namespace) -> int:
     with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
         summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
                                       config, engine_config)
-    print(json.dumps(dataclasses.asdict(summary), indent=2, sort_keys=True))
+    print(json_output.dumps(dataclasses.asdict(summary)))
     print(f"wrote {args.out}")
     return 0

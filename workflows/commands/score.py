@@ -10,6 +10,7 @@ from dataclasses import asdict
 from engines.rollout import manifest_path
 from engines.scoring import score_shards
 from storage import run_store
+from workflows.commands import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,6 @@ def run_cli(args: argparse.Namespace) -> int:
             run_store.fetch_all(args.rollouts), run_store.fetch_all(args.problems), str(local),
             max_response_tokens=max_tokens, config=config,
         )
-    print(json.dumps(asdict(stats), indent=2, sort_keys=True))
+    print(json_output.dumps(asdict(stats)))
     print(f"wrote {args.out}")
     return 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from engines.train_launch import train_step_in_store
 from engines.train_publish import TrainStepError
+from workflows.commands import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,5 @@ def run_cli(args: argparse.Namespace) -> int:
     except TrainStepError as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 1
-    print(json.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings},
-                     indent=2, sort_keys=True, default=str))
+    print(json_output.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings}))
     return 0

@@ -1,0 +1,28 @@
+"""What the stage commands print: strict JSON, with NaN and infinities as null.
+
+Python's ``json`` writes a float NaN as the bare word ``NaN``, which is not JSON: ``jq`` and other
+languages' parsers reject the whole document. A stage's metrics hold NaN where a figure has no
+value (``dapo train`` knows no rollout accuracy or reward: its StepMetrics leave them NaN).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth of dicts, lists and tuples, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def dumps(value: Any) -> str:
+    """``value`` as indented, key-sorted strict JSON (non-finite floats as null; other objects as str)."""
+    return json.dumps(finite_or_none(value), indent=2, sort_keys=True, default=str, allow_nan=False)
