@@ -129,7 +129,15 @@ def describe_pruned(path: str | os.PathLike[str]) -> str | None:
         return None
     parts = [part for part in PARTS if any(f["part"] == part for f in files.values())]
     size = sum(f["bytes"] for f in files.values())
-    return f"{str(path).rstrip('/')}: pruned by the retention policy: {', '.join(parts)} ({len(files)} files, {size / 1e9:,.1f} GB)"
+    return f"{str(path).rstrip('/')}: pruned by the retention policy: {', '.join(parts)} ({len(files)} files, {size_text(size)})"
+
+
+def size_text(size_bytes: int) -> str:
+    """``size_bytes`` in the largest decimal unit it reaches: "812 bytes", "12.7 MB", "458.7 GB"."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size_bytes >= scale:
+            return f"{size_bytes / scale:,.1f} {unit}"
+    return f"{size_bytes} bytes"
 
 
 __all__ = ["PRUNED_SUFFIX", "apply_retention", "check", "describe_pruned", "prune_checkpoint", "pruned_files",

@@ -86,6 +86,12 @@ def test_retention_prunes_what_the_policy_drops_and_nothing_else(root: str) -> N
                                    keep_optimizer_last=1, keep_weights_every=2) == []
 
 
+def test_pruned_sizes_are_given_in_a_unit_they_reach() -> None:
+    # the main job's pruned checkpoints are ~13 MB, the paper's 458.7 GB: neither reads "0.0 GB" or "0.0 TB"
+    assert [pruning.size_text(n) for n in (0, 810, 12_700_000, 458_700_000_000, 2_600_000_000_000)] == [
+        "0 bytes", "810 bytes", "12.7 MB", "458.7 GB", "2.6 TB"]
+
+
 def test_pruned_checkpoints_verify_as_pruned_not_missing(root: str) -> None:
     layout = _run(root)
     # step 0: weights, config, metadata; steps 1-5: + metrics and 2 optimizer files -> 3 + 5 * 6 = 33
@@ -93,10 +99,10 @@ def test_pruned_checkpoints_verify_as_pruned_not_missing(root: str) -> None:
     pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
     assert verify_run(layout.root) == ([], 33 - 10)
     assert pruned_outputs(layout.root) == [
-        f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state (3 files, 0.0 GB)",
-        f"{layout.checkpoint(2)}: pruned by the retention policy: optimizer state (2 files, 0.0 GB)",
-        f"{layout.checkpoint(3)}: pruned by the retention policy: weights, optimizer state (3 files, 0.0 GB)",
-        f"{layout.checkpoint(4)}: pruned by the retention policy: optimizer state (2 files, 0.0 GB)",
+        f"{layout.checkpoint(1)}: pruned by the retention policy: weights, optimizer state (3 files, 810 bytes)",
+        f"{layout.checkpoint(2)}: pruned by the retention policy: optimizer state (2 files, 720 bytes)",
+        f"{layout.checkpoint(3)}: pruned by the retention policy: weights, optimizer state (3 files, 810 bytes)",
+        f"{layout.checkpoint(4)}: pruned by the retention policy: optimizer state (2 files, 720 bytes)",
     ]
     # a kept file that is deleted is still a problem
     run_store.remove(run_store.join(layout.checkpoint(4), WEIGHTS))
