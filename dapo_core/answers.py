@@ -37,7 +37,7 @@ INT64_MAX = 2**63 - 1
 # Every reason a row can be rejected for, with what it means. The curation stage only ever emits
 # these codes, so downstream reports can group on them.
 REASON_CODES: dict[str, str] = {
-    "empty": "the answer is missing or blank",
+    "empty": "missing or blank",
     "not_integer_fraction": "a fraction (or mixed number) whose value is not an integer",
     "not_integer_decimal": "a decimal number with a non-zero fractional part",
     "interval": "an interval or union of intervals",

@@ -98,6 +98,10 @@ def test_non_integer_forms_are_rejected_with_a_reason(raw: str | None, code: str
         assert repr(raw) in verdict.reason  # the message quotes the offending answer
 
 
+def test_a_blank_answers_reason_reads_as_a_sentence() -> None:
+    assert to_integer_answer("").reason == "answer '' is missing or blank"
+
+
 def test_int64_bounds() -> None:
     assert to_integer_answer("9223372036854775807").value == 2**63 - 1
     assert to_integer_answer("9223372036854775808").reason_code == "too_large"
