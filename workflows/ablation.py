@@ -31,14 +31,19 @@ from infra.environments import cpu_env
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
-from workflows.config import RunConfig, config_from_dict, load_config
+from workflows.config import SHIPPED_CONFIGS, RunConfig, config_from_dict, load_config
 from workflows.pipeline import (
     RunInterrupted,
     add_verbose_argument,
     exit_interrupted,
     run_driver_locally,
 )
-from workflows.run_binding import RunFolderError, check_can_hold, check_run_folder, hold_run_folder
+from workflows.run_binding import (
+    RunFolderError,
+    check_can_hold,
+    check_run_folder,
+    hold_run_folder,
+)
 
 
 @dataclass(frozen=True)
@@ -242,8 +247,8 @@ def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], ru
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="configs/ablation-addsub.yaml",
-                        help="the full DAPO config the ladder ends at (default: %(default)s)")
+    parser.add_argument("--config", default=str(SHIPPED_CONFIGS / "ablation-addsub.yaml"),
+                        help="the full DAPO config the ladder ends at (default: configs/ablation-addsub.yaml of this checkout)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config field for every rung, e.g. --set run.steps=10 (repeatable)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds per rung (default: 0 1 2)")

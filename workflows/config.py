@@ -35,6 +35,11 @@ from settings.tracking import TrackingConfig
 from settings.train import TrainConfig
 
 
+# The configs shipped in the checkout (configs/): a command's default config is found there from
+# any working folder, not only from the checkout's root.
+SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
 class ConfigError(ValueError):
     """A run config is malformed; the message names the file and the field."""
 

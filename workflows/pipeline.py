@@ -33,9 +33,14 @@ from infra.flyte_local_db import sync_flyte_connections_normally, use_wal
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
-from workflows.config import RunConfig, load_config
+from workflows.config import SHIPPED_CONFIGS, RunConfig, load_config
 from workflows.local_flyte import run_local
-from workflows.run_binding import RunFolderError, check_can_hold, check_run_folder, hold_run_folder
+from workflows.run_binding import (
+    RunFolderError,
+    check_can_hold,
+    check_run_folder,
+    hold_run_folder,
+)
 from workflows.run_output import log_file, run_output
 from workflows.run_records import close_open_actions, db_path
 
@@ -212,7 +217,8 @@ def stop_workers() -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default="configs/tiny-cpu.yaml", help="run config YAML (default: %(default)s)")
+    parser.add_argument("--config", default=str(SHIPPED_CONFIGS / "tiny-cpu.yaml"),
+                        help="run config YAML (default: the main job's, configs/tiny-cpu.yaml of this checkout)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override one config field, e.g. --set run.steps=2 (repeatable)")
     parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT,

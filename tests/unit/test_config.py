@@ -221,3 +221,14 @@ def test_pipelined_retention_keeps_the_policy_the_next_rollouts_use() -> None:
     DriverConfig(pipelined=True)  # keep every checkpoint whole
     with pytest.raises(FieldError, match="keep_optimizer_checkpoints"):
         DriverConfig(pipelined=True, keep_optimizer_checkpoints=1)  # would prune the weights step N+1 generates from
+
+
+def test_the_default_configs_are_found_from_any_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dapo run` and `dapo ablate` without --config, run outside the checkout's root."""
+    from workflows.cli import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    for command, name in (("run", "tiny-cpu.yaml"), ("ablate", "ablation-addsub.yaml")):
+        args = build_parser([command]).parse_args([command])
+        assert Path(args.config) == REPO / "configs" / name
+        load_config(args.config)
