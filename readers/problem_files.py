@@ -130,11 +130,16 @@ def read_synthetic(spec: InputSpec) -> SourceRecords:
     unknown = set(spec.options) - set(_SYNTHETIC_DEFAULTS) - {"test_fraction"}
     if unknown:
         raise CurationError(f"input synthetic: unknown option(s) {sorted(unknown)}; known: {sorted(_SYNTHETIC_DEFAULTS)} + test_fraction")
+    opts: dict[str, int] = {}
+    for key, default in _SYNTHETIC_DEFAULTS.items():
+        try:
+            opts[key] = int(spec.options.get(key, default))
+        except ValueError:
+            raise CurationError(f"input synthetic: {key}={spec.options[key]!r} is not an integer") from None
     try:
-        opts = {k: int(spec.options.get(k, v)) for k, v in _SYNTHETIC_DEFAULTS.items()}
         test_fraction = float(spec.options["test_fraction"]) if "test_fraction" in spec.options else None
-    except ValueError as err:
-        raise CurationError(f"input synthetic: bad option value: {err}") from None
+    except ValueError:
+        raise CurationError(f"input synthetic: test_fraction={spec.options['test_fraction']!r} is not a number") from None
     rng = random.Random(opts["seed"])
     records = []
     for row in range(opts["n"]):
@@ -161,7 +166,9 @@ def read_file(spec: InputSpec) -> SourceRecords:
         except FileNotFoundError as err:
             raise CurationError(str(err)) from None
     if not path.is_file():
-        raise CurationError(f"{where}: no such file")
+        at = where.rfind("@")
+        hint = f" (a split suffix is {' or '.join(SPLIT_SUFFIXES)}, not {where[at:]!r})" if at > where.rfind("/") else ""
+        raise CurationError(f"{where}: no such file{hint}")
     if path.stat().st_size == 0:
         raise CurationError(f"{where}: empty file")
     if path.suffix in (".jsonl", ".json"):
@@ -170,6 +177,9 @@ def read_file(spec: InputSpec) -> SourceRecords:
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as err:
+        if path.suffix != ".parquet":  # read as Parquet whatever its name, and named as what it is when it is not
+            raise CurationError(f"{where}: unknown file type {path.suffix or '(no suffix)'!r}; inputs are .parquet, "
+                                ".jsonl or .json (JSON lines) files, hf:NAME or synthetic:...") from None
         raise CurationError(f"{where}: cannot read as Parquet (truncated or not Parquet?): {err}") from None
     return SourceRecords(path.name, records_from_table(table, path.name, where, spec.split))
 

@@ -109,6 +109,12 @@ def test_whole_file_problems_raise_curation_error_naming_the_file(tmp_path: Path
         read_input(str(verl))
     with pytest.raises(CurationError, match="no such file"):
         read_input(str(tmp_path / "missing.parquet"))
+    with pytest.raises(CurationError, match=r"good.parquet@val: no such file \(a split suffix is @train or @test, not '@val'\)"):
+        read_input(str(good) + "@val")
+    csv = tmp_path / "problems.csv"
+    csv.write_text("question,answer\nQ,#### 1\n")
+    with pytest.raises(CurationError, match=r"problems.csv: unknown file type '.csv'; inputs are .parquet, .jsonl"):
+        read_input(str(csv))
 
 
 def test_synthetic_source_is_deterministic() -> None:
@@ -121,6 +127,10 @@ def test_synthetic_source_is_deterministic() -> None:
     assert int(first.answer or "") == sum(parse_terms(first.problem or ""))
     with pytest.raises(CurationError, match="unknown option"):
         read_input("synthetic:n=2,colour=red")
+    with pytest.raises(CurationError, match=r"synthetic: n='abc' is not an integer"):
+        read_input("synthetic:n=abc")
+    with pytest.raises(CurationError, match=r"synthetic: test_fraction='x' is not a number"):
+        read_input("synthetic:n=2,test_fraction=x")
 
 
 def test_hf_dataset_saved_to_disk(tmp_path: Path) -> None:
