@@ -37,6 +37,7 @@ from workflows.pipeline import (
     add_verbose_argument,
     exit_interrupted,
     run_driver_locally,
+    stop_on_sigterm,
 )
 from workflows.run_binding import (
     RunFolderError,
@@ -285,7 +286,7 @@ def run_cli(args: argparse.Namespace) -> int:
         log = ladder_folder(config, args.run_root) / LOG_NAME
         try:
             check_can_hold(log.parent)
-            with run_output(log, command="ablate", verbose=args.verbose):
+            with run_output(log, command="ablate", verbose=args.verbose), stop_on_sigterm():
                 table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
         except RunFolderError as err:
             print(f"dapo ablate: {err}", file=sys.stderr)

@@ -17,13 +17,14 @@ puts the loop back into exactly the same state (problem cursor, surplus groups).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import contextvars
 import json
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -91,7 +92,31 @@ def init_flyte_for_run(layout: RunLayout) -> Path:
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C stopped ``dapo run``; the message says what was interrupted."""
+    """Ctrl-C (or SIGTERM: ``terminated``) stopped ``dapo run``; the message says what was interrupted."""
+
+    def __init__(self, message: str, *, terminated: bool = False) -> None:
+        super().__init__(message)
+        self.terminated = terminated
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill``; Kubernetes stopping the pod, before its SIGKILL): the run stops as
+    Ctrl-C stops it."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM stops the run as Ctrl-C does (workers stopped, the run's records
+    closed, nothing half-published; exit 143), instead of ending the driver where it stands, which
+    left its warm group's temp folder and vLLM's rendezvous file behind. Main thread only."""
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
@@ -143,11 +168,13 @@ def run_driver_locally(layout: RunLayout, task: Any, *, interrupted: Callable[[]
         flyte_dir = run_store.local_path(layout.flyte_dir)
         outputs = call_interruptibly(
             lambda: run_local(task, inputs, raw_data=flyte_dir / "raw", actions=flyte_dir / "actions"))
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the clean-up
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, Terminated)
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second one must not break the clean-up
+            signal.signal(signum, signal.SIG_IGN)
         stop_workers()
-        close_open_actions(layout, "interrupted (Ctrl-C) before the action finished")
-        raise RunInterrupted(interrupted()) from None
+        close_open_actions(layout, f"{'stopped (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'} before the action finished")
+        raise RunInterrupted(interrupted(), terminated=terminated) from None
     return outputs
 
 
@@ -184,15 +211,16 @@ def call_interruptibly(call: Callable[[], T]) -> T:
 
 
 def exit_interrupted(command: str, err: RunInterrupted) -> NoReturn:
-    """Print the interrupt's one line and exit 130 at once.
+    """Print the interrupt's one line and exit at once: 130 after Ctrl-C, 143 after SIGTERM (what a
+    shell reports for either).
 
     Skips interpreter shutdown: task threads and library atexit hooks would print pages of
     tracebacks about the workers just killed. Outputs are published atomically.
     """
-    print(f"\ndapo {command}: {err}", file=sys.stderr)
+    print(f"\ndapo {command}: {'stopped by SIGTERM: ' if err.terminated else ''}{err}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(128 + (signal.SIGTERM if err.terminated else signal.SIGINT))
 
 
 def stop_workers() -> None:
@@ -268,7 +296,7 @@ def run_cli(args: argparse.Namespace) -> int:
     layout = run_layout(config, args.run_root)
     try:
         check_can_hold(layout.root)
-        with run_output(log_file(layout), command="run", verbose=args.verbose):
+        with run_output(log_file(layout), command="run", verbose=args.verbose), stop_on_sigterm():
             summary = run_pipeline(config, args.run_root)
     except RunFolderError as err:
         print(f"dapo run: {err}", file=sys.stderr)

@@ -77,6 +77,38 @@ def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_c
     assert "note: taking over" not in again.stderr  # the interrupted run released its lock
 
 
+def test_sigterm_to_the_driver_during_a_train_step_stops_it_as_ctrl_c_does(tmp_path: Path) -> None:
+    """`kill PID`, or Kubernetes stopping the driver's pod (SIGTERM to the driver alone, then SIGKILL after
+    a grace period): the workers are stopped, nothing is half-published, the run's records are closed and
+    the temp folder is left clean, exit 143. Before, the driver ended where it stood and left its warm
+    group's temp folder and vLLM's rendezvous file behind."""
+    layout = RunLayout(tmp_path / "intr")
+    system_temp = tmp_path / "system-temp"
+    system_temp.mkdir()
+    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(system_temp),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(Path(layout.checkpoints_dir).glob(".step-0001.staging-*")):
+            assert proc.poll() is None, "the run ended before step 1 trained"
+            assert time.monotonic() < deadline, "step 1 never started training"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = proc.stderr.read()
+    assert rc == 143, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = [line for line in stderr.splitlines() if line.strip()][-1]
+    assert "dapo run: stopped by SIGTERM: interrupted during step 1/2 (training)" in last, last
+    assert not Path(layout.checkpoint(1)).exists() and not Path(layout.metrics_shard(1)).exists()
+    records = action_records(layout)
+    assert records and not [r for r in records if r.status == "running"], [(r.task_name, r.status) for r in records]
+    assert [p.name for p in system_temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
 def test_a_prompt_too_long_for_the_context_stops_the_run_after_curation(tmp_path: Path) -> None:
     # The tiny model has 256 positions; the synthetic prompts ~7 tokens: a 250-token held-out cap overflows.
     started = time.monotonic()
