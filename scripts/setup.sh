@@ -31,9 +31,12 @@ pip_q() {
   return "$rc"
 }
 
+echo "setup: installing the pinned CPU stack into .venv (~2-4 minutes; once per change of the requirements)" >&2
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip_q install -q --upgrade pip==25.3
+echo "setup: torch (CPU build) ..." >&2
 pip_q install -q torch==2.13.0
+echo "setup: vLLM, DeepSpeed, Flyte and the rest ..." >&2
 pip_q install -q -c constraints.txt -r requirements.txt
 pip_q install -q --no-deps -r requirements-nodeps.txt
 pip_q install -q --no-deps -r requirements-test.txt
@@ -42,3 +45,4 @@ pip_q uninstall -q -y torchvision torchaudio torchcodec || true
 pip_q install -q --no-deps --no-build-isolation -e .
 rm -f .venv/.installed-*
 touch "$stamp"
+echo "setup: done (.venv)" >&2
