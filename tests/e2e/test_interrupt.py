@@ -25,21 +25,31 @@ def _args(run_root: Path, *extra: str) -> list[str]:
     return args
 
 
+def _run_until_step_1_trains(tmp_path: Path, layout: RunLayout, system_temp: Path) -> subprocess.Popen[str]:
+    """`dapo run` in a session of its own (TMPDIR ``system_temp``), returned once step 1's DAPO update has
+    begun: its staging folder exists (made before the workers start updating, renamed into place only
+    when the step is published)."""
+    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(system_temp),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(Path(layout.checkpoints_dir).glob(".step-0001.staging-*")):
+            assert proc.poll() is None, "the run ended before step 1 trained"
+            assert time.monotonic() < deadline, "step 1 never started training"
+            time.sleep(0.01)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
+
+
 def test_ctrl_c_during_a_train_step_exits_130_publishes_nothing_then_a_changed_config_is_refused(tmp_path: Path) -> None:
     layout = RunLayout(tmp_path / "intr")
     system_temp = tmp_path / "system-temp"  # the run's TMPDIR, to see what the stop leaves there
     system_temp.mkdir()
     # Own process group, signalled as a terminal does: the driver and every child get SIGINT.
-    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(system_temp),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _run_until_step_1_trains(tmp_path, layout, system_temp)
     try:
-        deadline = time.monotonic() + 600
-        # Step 1's DAPO update has begun once its staging folder exists (made before the workers
-        # start updating, renamed into place only when the step is published).
-        while not list(Path(layout.checkpoints_dir).glob(".step-0001.staging-*")):
-            assert proc.poll() is None, "the run ended before step 1 trained"
-            assert time.monotonic() < deadline, "step 1 never started training"
-            time.sleep(0.01)
         os.killpg(proc.pid, signal.SIGINT)
         signalled = time.monotonic()
         rc = proc.wait(timeout=30)
@@ -85,14 +95,8 @@ def test_sigterm_to_the_driver_during_a_train_step_stops_it_as_ctrl_c_does(tmp_p
     layout = RunLayout(tmp_path / "intr")
     system_temp = tmp_path / "system-temp"
     system_temp.mkdir()
-    proc = subprocess.Popen(_args(tmp_path), cwd=REPO, env=_env(system_temp),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _run_until_step_1_trains(tmp_path, layout, system_temp)
     try:
-        deadline = time.monotonic() + 600
-        while not list(Path(layout.checkpoints_dir).glob(".step-0001.staging-*")):
-            assert proc.poll() is None, "the run ended before step 1 trained"
-            assert time.monotonic() < deadline, "step 1 never started training"
-            time.sleep(0.01)
         os.kill(proc.pid, signal.SIGTERM)
         rc = proc.wait(timeout=30)
     finally:
