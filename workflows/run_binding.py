@@ -1,7 +1,8 @@
 """A run folder belongs to one resolved config and to one driver at a time.
 
-``run.json`` records the config a run folder was started with. A later ``dapo run`` into the
-same folder resumes it only when its config is the same; anything else would mix results of
+``run.json`` records the config a run folder was started with. Once the run has published anything
+(``curate/``, its first stage's output), a later ``dapo run`` into the same folder resumes it only
+when its config is the same; anything else would mix results of
 two configs in one folder (train reuses published checkpoints by step and parent), so it is
 refused before any work with the fields that differ. One change is a resume, not a new run:
 ``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
