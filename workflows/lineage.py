@@ -11,7 +11,6 @@ inferred from names alone.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pyarrow.compute as pc
 import schemas
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
+from workflows.commands import json_output
 
 
 class LineageError(LookupError):
@@ -238,9 +238,9 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         layout = resolve_run(args.run, args.run_root)
         if args.sample:
-            show(json.dumps(sample_lineage(layout, args.sample), indent=2, default=str))
+            show(json_output.dumps_readable(sample_lineage(layout, args.sample)))
         elif args.checkpoint is not None:
-            show(json.dumps(checkpoint_lineage(layout, args.checkpoint), indent=2, default=str))
+            show(json_output.dumps_readable(checkpoint_lineage(layout, args.checkpoint)))
         else:
             for rollout_id in trained_samples(layout, args.step):
                 print(rollout_id)
