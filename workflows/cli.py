@@ -77,18 +77,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _run_command(argv)
-    except KeyboardInterrupt:
-        return ctrl_c_exit_code(argv)
+    except KeyboardInterrupt as stop:
+        # By name, as USER_ERRORS: workflows.pipeline (which defines it) imports Flyte.
+        return ctrl_c_exit_code(argv, terminated=type(stop).__name__ == "Terminated")
 
 
-def ctrl_c_exit_code(argv: Sequence[str]) -> int:
-    """A Ctrl-C that no subcommand turned into its own line (e.g. one while the subcommand's modules
-    import, before it began): one line on stderr instead of a page of import-machinery traceback,
-    and 130, the code a shell reports for Ctrl-C. The interpreter then exits normally, so any
-    worker a subcommand started is stopped by its atexit hook."""
+def ctrl_c_exit_code(argv: Sequence[str], *, terminated: bool = False) -> int:
+    """A Ctrl-C (or a SIGTERM that `dapo run` turned into one: ``terminated``) that no subcommand
+    turned into its own line (e.g. one while the subcommand's modules import, before it began): one
+    line on stderr instead of a page of import-machinery traceback, and 130 (143 for SIGTERM), the
+    code a shell reports. The interpreter then exits normally, so any worker a subcommand started is
+    stopped by its atexit hook."""
     command = next((a for a in argv if a in SUBCOMMANDS), None)
-    print(f"\ndapo{f' {command}' if command else ''}: interrupted (Ctrl-C)", file=sys.stderr)
-    return 130
+    print(f"\ndapo{f' {command}' if command else ''}: {'stopped (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}",
+          file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def _run_command(argv: list[str]) -> int:

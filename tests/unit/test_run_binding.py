@@ -174,3 +174,25 @@ def test_ablate_refuses_a_rung_the_ladder_does_not_have(tmp_path: Path, capsys: 
         assert main(argv) == 2
         assert f"--rungs {rungs[-1]}: no such rung; the ladder has rungs 0-5" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_stop_that_reaches_the_command_line_says_which_signal(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A SIGTERM that lands outside the driver's own handling (e.g. while the summary is printed) reaches
+    `dapo` as the pipeline's Terminated: one line naming SIGTERM and 143, not Ctrl-C's 130."""
+    from workflows import cli
+    from workflows.pipeline import Terminated
+
+    def stopped(argv: list[str]) -> int:
+        raise Terminated
+
+    monkeypatch.setattr(cli, "_run_command", stopped)
+    assert cli.main(["run"]) == 143
+    assert capsys.readouterr().err.strip() == "dapo run: stopped (SIGTERM)"
+
+    def interrupted(argv: list[str]) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run_command", interrupted)
+    assert cli.main(["run"]) == 130
+    assert capsys.readouterr().err.strip() == "dapo run: interrupted (Ctrl-C)"
