@@ -129,9 +129,9 @@ def link_shared(shared: RunLayout, run: RunLayout) -> None:
 
 def _read_metrics(layout: RunLayout, steps: int) -> list[dict[str, Any]]:
     import schemas
-    from workflows.report import nan_to_none
+    from workflows.json_output import finite_or_none
 
-    return [nan_to_none(schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0])
+    return [finite_or_none(schemas.read_shard(layout.metrics_shard(step), schemas.StepMetrics).to_pylist()[0])
             for step in range(1, steps + 1)]
 
 

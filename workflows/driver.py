@@ -48,8 +48,9 @@ from tasks.train import train
 from tracking.run_tracking import open_tracking
 from workflows import progress
 from workflows.config import RunConfig
+from workflows.json_output import finite_or_none
 from workflows.problem_order import check_pool_size
-from workflows.report import eval_interval, nan_to_none, write_report
+from workflows.report import eval_interval, write_report
 from workflows.run_binding import check_run_folder
 from workflows.seeds import derive_seed
 from workflows.step_loop import (
@@ -415,7 +416,7 @@ class _PipelineStages:
         self.policy_after[step] = (self.checkpoint, self.policy_step)
         train_s = time.perf_counter() - t
         row = self._metrics_row(plan, trained, train_s)
-        self.metrics_rows.append(nan_to_none(row))
+        self.metrics_rows.append(finite_or_none(row))  # JSON-safe; plots and tables skip None
         self.step_seconds.append(time.perf_counter() - self._step_started)
         progress.step_done(progress.StepReport(
             step=step, steps=cfg.run.steps, rounds=result.rounds, groups=len(result.kept), outcome=result.outcome,

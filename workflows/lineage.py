@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import schemas
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
-from workflows.commands import json_output
+from workflows import json_output
 
 
 class LineageError(LookupError):

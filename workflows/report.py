@@ -26,11 +26,6 @@ from storage.run_store import write_text
 from workflows.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart
 
 
-def nan_to_none(row: dict[str, Any]) -> dict[str, Any]:
-    """A metrics row with NaN / inf floats as None (JSON-safe; plots and tables skip them)."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-
-
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 

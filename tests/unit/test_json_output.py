@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from workflows.commands import json_output
+from workflows import json_output
 
 
 def _strict(text: str) -> object:

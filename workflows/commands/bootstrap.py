@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from engines.policy_bootstrap import BootstrapError, bootstrap_policy
 from storage import checkpoints
-from workflows.commands import json_output
+from workflows import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from engines.evaluation import evaluate_checkpoint
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage import run_store
-from workflows.commands import json_output
+from workflows import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from engines.rollout import manifest_path
 from engines.scoring import score_shards
 from storage import run_store
-from workflows.commands import json_output
+from workflows import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ import sys
 
 from engines.train_launch import train_step_in_store
 from engines.train_publish import TrainStepError
-from workflows.commands import json_output
+from workflows import json_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

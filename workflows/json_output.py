@@ -1,4 +1,4 @@
-"""What the stage commands print: strict JSON, with NaN and infinities as null.
+"""Strict JSON of what the commands print and the run page's metrics: NaN and infinities as null.
 
 Python's ``json`` writes a float NaN as the bare word ``NaN``, which is not JSON: ``jq`` and other
 languages' parsers reject the whole document. A stage's metrics hold NaN where a figure has no
