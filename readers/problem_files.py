@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,10 +136,7 @@ def read_synthetic(spec: InputSpec) -> SourceRecords:
             opts[key] = int(spec.options.get(key, default))
         except ValueError:
             raise CurationError(f"input synthetic: {key}={spec.options[key]!r} is not an integer") from None
-    try:
-        test_fraction = float(spec.options["test_fraction"]) if "test_fraction" in spec.options else None
-    except ValueError:
-        raise CurationError(f"input synthetic: test_fraction={spec.options['test_fraction']!r} is not a number") from None
+    test_fraction = _synthetic_test_fraction(spec)
     rng = random.Random(opts["seed"])
     records = []
     for row in range(opts["n"]):
@@ -151,6 +148,31 @@ def read_synthetic(spec: InputSpec) -> SourceRecords:
             raise CurationError(f"input synthetic: {err}") from None
         records.append(RawRecord("synthetic", row, text, str(answer), spec.split))
     return SourceRecords("synthetic", records, test_fraction)
+
+
+def _synthetic_test_fraction(spec: InputSpec) -> float | None:
+    """A synthetic input's own ``test_fraction`` option (None when it sets none)."""
+    if "test_fraction" not in spec.options:
+        return None
+    try:
+        return float(spec.options["test_fraction"])
+    except ValueError:
+        raise CurationError(f"input synthetic: test_fraction={spec.options['test_fraction']!r} is not a number") from None
+
+
+def gives_test_split(specs: Sequence[str], test_fraction: float) -> bool:
+    """Whether curating ``specs`` with the run's ``test_fraction`` puts any problem in the test split,
+    decided from the specs alone, without reading an input (an ``hf:`` data set may hold a test
+    split: assumed so). Raises ``CurationError`` for a spec that cannot be parsed."""
+    if test_fraction > 0:
+        return True
+    for spec in specs:
+        parsed = parse_input_spec(spec)
+        if parsed.split == "test" or parsed.kind == "hf":
+            return True
+        if parsed.split is None and parsed.kind == "synthetic" and (_synthetic_test_fraction(parsed) or 0) > 0:
+            return True
+    return False
 
 
 # ----------------------------------------------------------------------------- files

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from readers.problem_files import CurationError, parse_input_spec
+from readers.problem_files import CurationError, gives_test_split
 from settings.bootstrap import BootstrapConfig
 from settings.checks import FieldError, check_fields
 from settings.curate import CurateConfig
@@ -305,10 +305,10 @@ def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]])
     except FieldError as err:
         fail("rollout", err)
     try:
-        gives_test_split = _gives_test_split(config.run.data, config.curate.test_fraction)
+        has_test_split = gives_test_split(config.run.data, config.curate.test_fraction)
     except CurationError as err:
         fail("run", FieldError("data", list(config.run.data), f"holds a bad input spec: {err}"))
-    if not gives_test_split:
+    if not has_test_split:
         # Held-out evaluation needs a test split; found out after curation, the run folder would
         # already hold this config (workflows/run_binding.py).
         where = f"--set {blame['run']['data']}" if "data" in blame["run"] else f"{source}: run.data"
@@ -321,24 +321,6 @@ def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]])
         # dapo_core/overlong.py: L_cache must fit inside L_max (eq. 13).
         fail("score", FieldError("overlong_buffer_tokens", score.overlong_buffer_tokens,
                                  f"must be <= rollout.max_response_tokens={max_tokens} (L_cache within L_max, eq. 13)"))
-
-
-def _gives_test_split(data: Sequence[str], test_fraction: float) -> bool:
-    """Whether curating ``data`` (run.data's specs) puts any problem in the test split: decided from the
-    specs alone, without reading an input (an ``hf:`` data set may hold a test split: assumed so)."""
-    if test_fraction > 0:
-        return True
-    for spec in data:
-        parsed = parse_input_spec(spec)
-        if parsed.split == "test" or parsed.kind == "hf":
-            return True
-        if parsed.split is None and parsed.kind == "synthetic":
-            try:
-                if float(parsed.options.get("test_fraction", "0")) > 0:
-                    return True
-            except ValueError:
-                return True  # a bad value: curation names it
-    return False
 
 
 def stage_config(section: str, config_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:
