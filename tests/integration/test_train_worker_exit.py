@@ -37,15 +37,22 @@ if "LOCAL_RANK" in os.environ:  # a training rank, not torchrun's agent
 """
 
 
-def test_a_crash_in_the_interpreters_teardown_after_the_step_does_not_fail_the_step(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _step_inputs_with_rank_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sitecustomize: str) -> tuple[Path, Path]:
+    """(a tiny step-0 checkpoint, a scored batch for step 1), with ``sitecustomize`` on the ranks'
+    PYTHONPATH (every Python process of the launch imports it at start)."""
     ck0 = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
     vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
     shard = write_scored(tmp_path / "batch1.parquet", random_batch(1, 4, vocab=vocab))
     hooks = tmp_path / "hooks"
     hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (hooks / "sitecustomize.py").write_text(sitecustomize)
     monkeypatch.setenv("PYTHONPATH", str(hooks))
+    return ck0, shard
+
+
+def test_a_crash_in_the_interpreters_teardown_after_the_step_does_not_fail_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ck0, shard = _step_inputs_with_rank_hook(tmp_path, monkeypatch, SITECUSTOMIZE)
     config = TrainConfig(num_processes=2, micro_batch_samples=2, updates_per_step=1, seed=3, keep_workers_warm=False)
     result = train_step(ck0, [shard], tmp_path / "w1", step=1, config=config)
     assert result.timings["warm_group"] == 0.0  # a one-off launch, whose ranks exit after the step
@@ -56,14 +63,8 @@ def test_a_rank_that_crashes_in_native_code_shows_where_in_the_steps_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank killed by a signal (here SIGABRT while importing, as a C++ abort would) leaves its Python
     stack in the log the step's error quotes: the ranks run with ``faulthandler`` on."""
-    ck0 = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
-    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
-    shard = write_scored(tmp_path / "batch1.parquet", random_batch(1, 4, vocab=vocab))
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(
-        "import os\n\ndef crash_here():\n    os.abort()\n\nif 'LOCAL_RANK' in os.environ:\n    crash_here()\n")
-    monkeypatch.setenv("PYTHONPATH", str(hooks))
+    ck0, shard = _step_inputs_with_rank_hook(
+        tmp_path, monkeypatch, "import os\n\ndef crash_here():\n    os.abort()\n\nif 'LOCAL_RANK' in os.environ:\n    crash_here()\n")
     monkeypatch.delenv("PYTHONFAULTHANDLER", raising=False)
     config = TrainConfig(num_processes=1, micro_batch_samples=2, updates_per_step=1, seed=3, keep_workers_warm=False)
     with pytest.raises(TrainStepError) as caught:
