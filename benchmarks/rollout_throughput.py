@@ -74,6 +74,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-cache", default="dynamic", choices=["dynamic", "static"],
                         help="transformers' KV cache: its default growing one, or preallocated")
+    parser.add_argument("--compiled", action="store_true",
+                        help="vLLM with its torch.compile graph (enforce_eager=False) instead of eager mode")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="vLLM sampling modes to time")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rollout_throughput.json"))
     args = parser.parse_args()
@@ -123,7 +125,8 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
     kv_bytes = (args.prompts * args.samples * max_model_len * args.layers * 2 * args.hidden
                 * torch.tensor([], dtype=getattr(torch, args.dtype)).element_size())
     settings = vllm_engine.EngineSettings(dtype=args.dtype, max_model_len=max_model_len, cpu_threads=args.threads,
-                                          cpu_kvcache_gib=max(1, -(-kv_bytes // 2**30)))
+                                          cpu_kvcache_gib=max(1, -(-kv_bytes // 2**30)),
+                                          enforce_eager=not args.compiled)
     started = time.perf_counter()
     llm = vllm_engine.create_engine(ckpt_a, settings)
     start_s = time.perf_counter() - started
