@@ -8,6 +8,7 @@ subcommand runs, so ``dapo --help`` stays fast and does not import vLLM or DeepS
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 import traceback
@@ -54,6 +55,10 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
                 module.add_arguments(p)
     return parser
 
+
+# Subcommands whose stdout is their result (a manifest, metrics as JSON, answers, a report): what
+# libraries and child processes print goes to stderr instead (workflows/commands/result_stdout.py).
+RESULT_ON_STDOUT = frozenset({"curate", "bootstrap", "rollout", "score", "train", "eval", "ask"})
 
 # Errors that mean "fix your config or input", raised before any long work; their messages name
 # the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
@@ -104,8 +109,11 @@ def _run_command(argv: list[str]) -> int:
     from settings.checks import FieldError
     from workflows.config import ConfigError
 
+    from workflows.commands.result_stdout import result_stdout
+
     try:
-        return int(module.run_cli(args) or 0)
+        with result_stdout() if args.command in RESULT_ON_STDOUT else contextlib.nullcontext():
+            return int(module.run_cli(args) or 0)
     except (ConfigError, FieldError) as err:  # FieldError: a stage setting given as a command-line option
         # A config mistake is the user's, not the code's: one line naming the file or --set
         # and the field, no traceback, exit code 2 (as argparse does for bad arguments).

@@ -16,7 +16,6 @@ policy").
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -88,8 +87,6 @@ def _print_samples(rows: list[dict[str, Any]], verdicts: list[Verdict] | None, g
 
 def run_cli(args: argparse.Namespace) -> int:
     """``dapo ask``: print each sampled answer, its verdict, and the count of correct ones."""
-    # stdout holds the answers only (pipe-able); vLLM's warnings go to stderr.
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         policy = resolve_policy(args.checkpoint)
         prompt = render_prompt(_template(policy, args.template), args.problem)

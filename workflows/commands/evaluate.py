@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from engines.evaluation import evaluate_checkpoint
 from settings.evaluate import EvalConfig
@@ -36,5 +37,5 @@ def run_cli(args: argparse.Namespace) -> int:
         summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
                                       config, engine_config)
     print(json_output.dumps(dataclasses.asdict(summary)))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}", file=sys.stderr)  # stdout: the JSON alone
     return 0

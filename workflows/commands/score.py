@@ -51,5 +51,5 @@ def run_cli(args: argparse.Namespace) -> int:
             max_response_tokens=max_tokens, config=config,
         )
     print(json_output.dumps(asdict(stats)))
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out}", file=sys.stderr)  # stdout: the JSON alone
     return 0
