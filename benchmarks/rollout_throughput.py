@@ -174,6 +174,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
         "model_parameters": params, "dtype": args.dtype, "threads": args.threads,
         "prompts": args.prompts, "samples_per_prompt": args.samples, "tokens_per_sample": args.tokens,
         "transformers_cache": args.hf_cache,
+        "vllm_compiled": args.compiled,
         "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS")},
         "transformers_tokens_per_s": hf,
         **{f"vllm_{m}_tokens_per_s": summary(f"vllm_{m}_tokens_per_s", runs) for m in modes},
