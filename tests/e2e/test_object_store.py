@@ -117,9 +117,10 @@ def test_a_stage_reruns_alone_against_the_store(store: RunLayout, s3_run: dict) 
     # `dapo score` on the run's S3 shards, into S3: the same table the pipeline's score task wrote.
     config = json.loads(run_store.read_text(store.run_record))["config"]
     out = f"s3://dapo-test/rerun-{uuid.uuid4().hex[:8]}/scored.parquet"
-    _dapo(["score", store.rollout_shard(1, 0), "--problems", *run_store.glob(store.problems_dir, "train-*.parquet"),
-           "--out", out, "--max-response-tokens", str(config["rollout"]["max_response_tokens"]),
-           "--config", str(REPO / "configs" / "tiny-cpu.yaml")], s3_run["env"])
+    proc = _dapo(["score", store.rollout_shard(1, 0), "--problems", *run_store.glob(store.problems_dir, "train-*.parquet"),
+                  "--out", out, "--max-response-tokens", str(config["rollout"]["max_response_tokens"]),
+                  "--config", str(REPO / "configs" / "tiny-cpu.yaml")], s3_run["env"])
+    assert json.loads(proc.stdout)["groups"] > 0  # stdout is the stats alone (`| jq`); "wrote ..." is on stderr
     again = schemas.read_shard(run_store.fetch(out), schemas.ScoredRollout)
     stored = schemas.read_shard(run_store.fetch(store.scored_shard(1, 0)), schemas.ScoredRollout)
     assert again.num_rows > 0 and again.equals(stored)
@@ -148,9 +149,12 @@ def test_a_fresh_rollout_node_fetches_the_checkpoint_without_its_optimizer_state
     assert any("/ds_state/" in key for key in run_store.folder_files(checkpoint))  # the store holds it
     node = tmp_path / "engine-node"
     out = f"s3://dapo-test/fresh-{uuid.uuid4().hex[:8]}/rollout.parquet"
-    _dapo(["rollout", checkpoint, *run_store.glob(store.problems_dir, "train-*.parquet"), "--out", out,
-           "--limit", "2", "--config", str(REPO / "configs" / "tiny-cpu.yaml")],
-          {**s3_run["env"], run_store.MIRROR_ENV: str(node)})
+    proc = _dapo(["rollout", checkpoint, *run_store.glob(store.problems_dir, "train-*.parquet"), "--out", out,
+                  "--limit", "2", "--config", str(REPO / "configs" / "tiny-cpu.yaml")],
+                 {**s3_run["env"], run_store.MIRROR_ENV: str(node)})
+    # stdout is the manifest alone (`dapo rollout ... | jq`): vLLM's logs, which it writes to stdout by
+    # default, and C++ and worker output go to stderr (workflows/commands/result_stdout.py).
+    assert json.loads(proc.stdout)["prompts"] == 2 and "WARNING" in proc.stderr
     mirrored = node / "s3" / checkpoint.split("://", 1)[1]
     assert (mirrored / "model.safetensors").is_file() and (mirrored / checkpoints.METADATA_FILE).is_file()
     assert not (mirrored / "ds_state").exists()
