@@ -62,9 +62,12 @@ def ladder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_ablation_json_lists_rungs_in_order_with_one_accuracy_per_seed(ladder_dir: Path) -> None:
     table = json.loads((ladder_dir / "ablation.json").read_text())
     assert [r["name"] for r in table] == ["naive GRPO", "+ dynamic sampling (DAPO)"]
-    for row in table:
-        assert len(row["accuracy"]) == 2 and all(0.0 <= a <= 1.0 for a in row["accuracy"])
+    for row, rung in zip(table, ("0-naive-grpo", "5-dynamic-sampling"), strict=True):
         assert row["seeds"] == [0, 1]
+        # each seed's figure is that rung's and seed's own final held-out avg@k, in seed order
+        finals = [json.loads((ladder_dir / rung / f"seed-{s}" / "summary.json").read_text())["accuracy_after"]
+                  for s in (0, 1)]
+        assert row["accuracy"] == finals
     assert table[0]["config"]["train.loss_agg"] == "seq-mean-token-mean"
     assert table[1]["config"]["train.loss_agg"] == "token-mean" and table[1]["config"]["score.dynamic_sampling"]
     assert (ladder_dir / "curves.png").is_file() and (ladder_dir / "ablation.md").is_file()

@@ -165,7 +165,12 @@ def test_every_shard_validates_against_its_schema(finished_run: RunLayout) -> No
         assert checkpoints.is_complete(layout.checkpoint(step))
     summary = json.loads(Path(layout.summary).read_text())
     assert summary["steps"] == 2
-    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+    # The before/after figures are the step-0 and step-2 eval shards' mean per-problem avg@k, over the
+    # 16 held-out problems at k = 2 (not another step's shard, not pass@k).
+    for key, step in (("accuracy_before", 0), ("accuracy_after", 2)):
+        rows = schemas.read_shard(layout.eval_shard(step), schemas.EvalResult).to_pylist()
+        assert len(rows) == summary["eval_problems"] == 16 and {r["k"] for r in rows} == {summary["eval_k"]} == {2}
+        assert summary[key] == pytest.approx(sum(r["avg_at_k"] for r in rows) / len(rows)), key
     assert summary["wall_seconds"] > 0
     assert (Path(layout.report_dir) / "index.html").is_file() and list(Path(layout.report_dir).glob("*.svg"))
     # no half-written leftovers anywhere
@@ -178,8 +183,16 @@ def test_report_page_of_a_real_run_in_chromium(finished_run: RunLayout, tmp_path
     summary = json.loads(Path(finished_run.summary).read_text())
     # the paired interval over problems, from the eval shards (not the binomial fallback)
     assert summary["accuracy_change_method"].startswith("paired over the 16 held-out problems")
-    lo, hi = summary["accuracy_change_ci95"]
-    assert lo <= summary["accuracy_after"] - summary["accuracy_before"] <= hi
+    from dapo_core.intervals import paired_change
+
+    per_problem = [{r["problem_id"]: r["avg_at_k"] for r in schemas.read_shard(
+        finished_run.eval_shard(step), schemas.EvalResult).to_pylist()} for step in (0, 2)]
+    ids = sorted(per_problem[0])
+    assert sorted(per_problem[1]) == ids  # the same problems before and after, paired by id
+    change, half = paired_change([per_problem[0][p] for p in ids], [per_problem[1][p] for p in ids])
+    assert half is not None and half > 0
+    assert summary["accuracy_change_ci95"] == pytest.approx([change - half, change + half])
+    assert change == pytest.approx(summary["accuracy_after"] - summary["accuracy_before"])
     with browser() as drv:
         facts = inspect_page(drv, Path(finished_run.report_dir) / "index.html", tmp_path / "screens" / "run.png")
     assert facts["scrollWidth"] <= WIDTH and facts["images"] > 0 and not facts["broken"]
@@ -213,7 +226,14 @@ def test_lineage_answers_for_a_trained_sample(finished_run: RunLayout) -> None:
     assert info["trained"]["produced_checkpoint"] == checkpoints.read_info(layout.checkpoint(2)).checkpoint_id
     assert info["generation"]["checkpoint_id"] == checkpoints.read_info(layout.checkpoint(1)).checkpoint_id
     assert info["problem"]["source"] == "synthetic" and info["problem"]["split"] == "train"
-    assert info["reward"]["reward_version"] and info["reward"]["verdict_status"] in ("ok", "timeout", "error")
+    # The reward record is this sample's own row of the scored shard it names, under today's reward.
+    from dapo_core.rewards import REWARD_VERSION
+
+    scored = [r for r in schemas.read_shard(info["reward"]["scored_shard"], schemas.ScoredRollout).to_pylist()
+              if r["rollout_id"] == rollout_id]
+    assert len(scored) == 1 and info["reward"]["reward_version"] == REWARD_VERSION
+    for key in ("verdict_status", "reward", "reward_version"):
+        assert info["reward"][key] == scored[0][key], key
     assert info["filter"]["final"].startswith("trained at step 2")
     chain = checkpoint_lineage(layout, "2")["ancestry"]
     assert [c["step"] for c in chain] == [2, 1, 0]

@@ -34,9 +34,11 @@ def test_enospc_from_the_kernel_names_the_path() -> None:
 
 
 def test_other_errors_pass_through_unchanged(tmp_path: Path) -> None:
-    with pytest.raises(PermissionError):
+    err = PermissionError("not mine")
+    with pytest.raises(PermissionError) as caught:
         with writing(tmp_path, "x"):
-            raise PermissionError("not mine")
+            raise err
+    assert caught.value is err and str(caught.value) == "not mine"  # not re-worded, not wrapped
 
 
 def test_the_cli_finds_the_line_inside_a_wrapped_error() -> None:

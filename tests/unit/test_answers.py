@@ -140,7 +140,8 @@ def test_problem_id_is_sha256_of_normalised_text() -> None:
 def test_split_is_deterministic_and_roughly_the_fraction() -> None:
     keys = [problem_id(str(i)) for i in range(2000)]
     splits = [split_for(k, 0.25, salt=0) for k in keys]
-    assert splits == [split_for(k, 0.25, salt=0) for k in keys]
+    # The same split in every process and release (pinned): a held-out problem never moves to train.
+    assert splits[:8] == ["train", "test", "train", "train", "test", "train", "train", "train"]
     share = splits.count("test") / len(splits)
     assert 0.22 < share < 0.28  # binomial sd = sqrt(0.25 * 0.75 / 2000) = 0.0097
     assert all(split_for(k, 0.0, 0) == "train" for k in keys[:50])

@@ -49,8 +49,10 @@ def test_shaded_steps_and_legend_name_the_gap() -> None:
 def test_stacked_bars_reach_the_sum() -> None:
     svg = chart("t", [1], [Series("a", [2.0], kind="bar"), Series("b", [3.0], kind="bar")], y_label="s")
     rects = [r for r in ET.fromstring(svg).findall(f"{NS}rect") if r.attrib.get("fill") in ("#4c72b0", "#dd8452")]
-    heights = [float(r.attrib["height"]) for r in rects if float(r.attrib["width"]) != 18]  # 18 px: legend swatches
-    assert len(heights) == 2 and math.isclose(heights[1] / heights[0], 1.5, rel_tol=0.02)
+    a, b = [r for r in rects if float(r.attrib["width"]) != 18]  # 18 px: legend swatches
+    assert math.isclose(float(b.attrib["height"]) / float(a.attrib["height"]), 1.5, rel_tol=0.02)
+    # b stands on a (SVG's y grows downwards): b's bottom edge is a's top edge, so the stack reaches 2 + 3.
+    assert math.isclose(float(b.attrib["y"]) + float(b.attrib["height"]), float(a.attrib["y"]), abs_tol=0.01)
 
 
 def test_ticks_are_round_and_cover_the_range() -> None:

@@ -107,6 +107,11 @@ def test_warm_up_reduces_loss_and_stops_in_band() -> None:
     after = model(input_ids=batch[0], attention_mask=batch[1], labels=batch[2]).loss.item()
     assert result.stop_reason == "in_band" and result.steps == 10 and len(result.history) == 1
     assert after < before
+    # A band no check reaches (1 layer, 20 more steps: nowhere near every answer right): no stop at a check.
+    missed = tiny_warmup.warm_up(model, tok, train, heldout[:8], seed=0, batch_size=16, learning_rate=3e-3,
+                                 max_steps=20, eval_every_steps=10, max_new_tokens=12,
+                                 target_accuracy_low=1.0, target_accuracy_high=1.0, log=False)
+    assert missed.stop_reason == "max_steps" and missed.steps == 20 and len(missed.history) == 2
     with pytest.raises(ValueError, match="low <= high"):
         tiny_warmup.warm_up(model, tok, train, heldout, seed=0, batch_size=4, learning_rate=1e-3, max_steps=1,
                             eval_every_steps=1, max_new_tokens=4, target_accuracy_low=0.6, target_accuracy_high=0.5)
