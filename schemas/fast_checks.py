@@ -38,7 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from schemas.models import ROW_RULE_COLUMNS, ROW_RULES, rule_passes
+from schemas.models import ROW_RULE_COLUMNS, ROW_RULES, arrow_schema, rule_passes
 
 # A column check: (column, its pandera statistics) -> one boolean per row, null = not decided
 # (passes: pandera's ignore_na). Each is the pyarrow kernel narwhals' pyarrow backend runs for
@@ -134,8 +134,6 @@ def _settings_outside_plan(schema: Any) -> list[str]:
 @functools.cache
 def plan(model: type) -> ModelPlan | None:
     """The model's checks as a :class:`ModelPlan`, or None when one of its settings has no kernel here."""
-    from schemas.shards import arrow_schema  # the exact types every writer of the model produces
-
     schema = model.to_schema()
     if _settings_outside_plan(schema):
         return None

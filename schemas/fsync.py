@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 # A folder fsync that the filesystem does not support (some network and FUSE filesystems): the
 # rename is still atomic there, only not forced to disk.

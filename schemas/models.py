@@ -12,6 +12,7 @@ logic lives in plain functions in ``ROW_RULES``, so the shard helpers can re-run
 offending rows.
 """
 
+import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -380,3 +381,12 @@ ALL_MODELS: tuple[type[pdp.DataFrameModel], ...] = (
     StepMetrics,
     EvalResult,
 )
+
+_SCHEMA_METADATA_KEY = b"dapo.schema"  # names the model in every shard's Arrow schema
+
+
+@functools.cache
+def arrow_schema(model: type) -> pa.Schema:
+    """The exact Arrow schema (column order and types) every writer of ``model`` produces."""
+    schema = model.empty().schema.remove_metadata()
+    return schema.with_metadata({_SCHEMA_METADATA_KEY: model.__name__.encode()})

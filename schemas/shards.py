@@ -26,7 +26,6 @@ to plausible wrong values (a log-prob, a reward) that pass the schema.
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import os
 import tempfile
@@ -43,12 +42,11 @@ import pyarrow.parquet as pq
 from schemas import fast_checks, file_identity, fresh_tables
 from schemas.disk_space import writing
 from schemas.fsync import fsync_folder
-from schemas.models import ROW_RULE_COLUMNS, ROW_RULES
+from schemas.models import ROW_RULE_COLUMNS, ROW_RULES, arrow_schema
 
 ShardData = pa.Table | pd.DataFrame | list[dict[str, Any]]
 _MAX_VALIDATED = 65536  # (sha256, model) pairs remembered; ~100 bytes each
 MAX_ROWS_SHOWN = 5
-_SCHEMA_METADATA_KEY = b"dapo.schema"
 
 
 class ShardValidationError(ValueError):
@@ -60,13 +58,6 @@ class ShardValidationError(ValueError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{where}: not a valid {model_name} shard:\n{lines}")
-
-
-@functools.cache
-def arrow_schema(model: type) -> pa.Schema:
-    """The exact Arrow schema (column order and types) every writer of ``model`` produces."""
-    schema = model.empty().schema.remove_metadata()
-    return schema.with_metadata({_SCHEMA_METADATA_KEY: model.__name__.encode()})
 
 
 # ----------------------------------------------------------------------------- conforming
