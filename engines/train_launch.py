@@ -41,7 +41,7 @@ from engines.train_publish import (
 )
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
-from storage import checkpoints, run_store
+from storage import checkpoints, outputs, run_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -325,7 +325,7 @@ def train_step_in_store(
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
-        with run_store.output(out_dir, folder=True):  # records the published folder's digests
+        with outputs.output(out_dir, folder=True):  # records the published folder's digests
             return train_step(parent_local, shards, out_dir, step=step, config=config)
     if checkpoints.is_complete(out_dir):
         # Uploaded before the task's result was recorded (killed in between): reuse it if it was
@@ -333,7 +333,7 @@ def train_step_in_store(
         if made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards)):
             return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
         discard_published(out_dir, "published from another config or batch")
-    with run_store.output(out_dir, folder=True) as local:
+    with outputs.output(out_dir, folder=True) as local:
         result = train_step(parent_local, shards, local, step=step, config=config)
     return dataclasses.replace(result, checkpoint_dir=out_dir)
 

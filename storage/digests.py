@@ -1,7 +1,7 @@
 """Content digests of published outputs, recorded beside each output and checked on demand.
 
 Every task output (a shard, a JSON manifest, a checkpoint folder) is published through
-``run_store.output``, which records the sha256 and size of each of its files in a *digest
+``storage.outputs.output``, which records the sha256 and size of each of its files in a *digest
 record* beside it: ``<output>.sha256.json`` (``round-00.parquet.sha256.json``,
 ``checkpoints/step-0002.sha256.json``). A record is one small JSON file next to the output, so
 it works the same on a filesystem and in an object store, and it is written after the output

@@ -244,19 +244,16 @@ def upload_folder(local: str | os.PathLike[str], uri: str, *, marker: str | None
 
 
 @contextlib.contextmanager
-def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Path]:
+def staged(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Path]:
     """A local path to write ``path``'s content to; uploaded when the block ends without error.
 
     For a local ``path`` this yields the path itself (the stage code's own atomic writes apply).
     For a URI it yields the mirror location, cleared first, and uploads it afterwards: one
-    object for a file, or the folder with its marker last (``folder=True``). Either way the
-    output's digest record is written last, beside it (storage/digests.py).
+    object for a file, or the folder with its marker last (``folder=True``). Task outputs are
+    published through ``storage.outputs.output``, which adds their digest records.
     """
-    from storage import digests  # imports this module
-
     if not is_remote(path):
         yield local_path(path)
-        digests.record(path)
         return
     local = local_path(path)
     if local.is_dir():
@@ -272,7 +269,6 @@ def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
         upload_file(local, str(path))
     else:
         raise RunStoreError(f"{path}: the stage wrote nothing to {local}")
-    digests.record(path, local)
 
 
 # ----------------------------------------------------------------------------- reads into the mirror

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engines.batching import assemble_shards
 from infra.environments import cpu_env, stage_cache
-from storage import run_store
+from storage import outputs, run_store
 
 
 @cpu_env.task(cache=stage_cache("batch", __name__))
@@ -16,6 +16,6 @@ def assemble_batch(
     upstream_digest: str = "",  # cache key of the scored shards' content (workflows/verified_calls.py)
 ) -> int:
     """Flyte task: materialise one step's batch and surplus shards."""
-    with run_store.output(batch_path) as batch_local, run_store.output(surplus_path) as surplus_local:
+    with outputs.output(batch_path) as batch_local, outputs.output(surplus_path) as surplus_local:
         return assemble_shards(run_store.fetch_all(scored_paths), kept_groups, surplus_groups,
                                str(batch_local), str(surplus_local))

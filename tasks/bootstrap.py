@@ -10,7 +10,7 @@ import dataclasses
 from engines.policy_bootstrap import bootstrap_policy, resolve_source
 from infra.environments import cpu_env, stage_cache
 from settings.bootstrap import BootstrapConfig
-from storage import checkpoints, run_store
+from storage import checkpoints, outputs, run_store
 
 
 @cpu_env.task(
@@ -24,12 +24,12 @@ def bootstrap(train_paths: list[str], test_paths: list[str], out_dir: str, confi
     cache hit returns the path without rebuilding.
     """
     if not run_store.is_remote(out_dir):
-        with run_store.output(out_dir, folder=True):  # records the published folder's digests
+        with outputs.output(out_dir, folder=True):  # records the published folder's digests
             return str(bootstrap_policy(out_dir, config, train_paths, test_paths))
     if not checkpoints.is_complete(out_dir):  # else published already
         source = resolve_source(config.source)
         source = source if source == "tiny" else str(run_store.fetch(source))
-        with run_store.output(out_dir, folder=True) as local:
+        with outputs.output(out_dir, folder=True) as local:
             bootstrap_policy(local, dataclasses.replace(config, source=source, link_import=False),
                              run_store.fetch_all(train_paths), run_store.fetch_all(test_paths))
     return out_dir

@@ -8,7 +8,7 @@ from __future__ import annotations
 from engines.curation import CurateReport, curate_sources
 from infra.environments import cpu_env, stage_cache
 from settings.curate import CurateConfig
-from storage import run_store
+from storage import outputs
 
 
 @cpu_env.task(
@@ -23,5 +23,5 @@ def curate(inputs: list[str], out_dir: str, config: CurateConfig, upstream_diges
     ``out_dir`` must be durable storage (a path, or an object-store URI: storage/run_store.py): a
     cache hit returns the report without rewriting it.
     """
-    with run_store.output(out_dir, folder=True) as local:
+    with outputs.output(out_dir, folder=True) as local:
         return curate_sources(inputs, local, config)

@@ -9,7 +9,7 @@ from engines.evaluation import EvalSummary, evaluate_checkpoint
 from infra.environments import rollout_env, stage_cache
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
-from storage import run_store
+from storage import outputs, run_store
 
 
 @rollout_env.task(
@@ -25,6 +25,6 @@ def evaluate(
     upstream_digest: str = "",  # cache key of the checkpoint's and problems' content (workflows/verified_calls.py)
 ) -> EvalSummary:
     """Flyte task: evaluate ``checkpoint_dir``; writes EvalResult to ``out_path``, returns the summary."""
-    with run_store.output(out_path) as local:
+    with outputs.output(out_path) as local:
         return evaluate_checkpoint(checkpoint_dir, run_store.fetch_all(problem_paths), str(local), step, config,
                                    engine_config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from engines.rollout import manifest_path, rollout_shard
 from infra.environments import rollout_env, stage_cache
 from settings.rollout import RolloutConfig
-from storage import run_store
+from storage import outputs, run_store
 
 
 @rollout_env.task(
@@ -30,7 +30,7 @@ def rollout(
     ``out_path`` must be durable storage (a path, or an object-store URI: storage/run_store.py): a
     cache hit returns the path without regenerating. The manifest is uploaded before the shard.
     """
-    with run_store.output(out_path) as local_shard, run_store.output(manifest_path(out_path)):
+    with outputs.output(out_path) as local_shard, outputs.output(manifest_path(out_path)):
         rollout_shard(
             checkpoint_dir, run_store.fetch_all(problem_paths), problem_ids, local_shard, config,
             seed=seed, policy_version=policy_version, generation_round=generation_round,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from engines.scoring import ScoreStats, score_shards
 from infra.environments import cpu_env, stage_cache
 from settings.score import ScoreConfig
-from storage import run_store
+from storage import outputs, run_store
 
 
 @cpu_env.task(
@@ -19,7 +19,7 @@ def score(
     upstream_digest: str = "",  # cache key of the inputs' content (workflows/verified_calls.py)
 ) -> ScoreStats:
     """Flyte task: score Rollout shards into ``out_path``; returns the round's counts."""
-    with run_store.output(out_path) as local:
+    with outputs.output(out_path) as local:
         return score_shards(
             run_store.fetch_all(rollout_paths), run_store.fetch_all(problem_paths), str(local),
             max_response_tokens=max_response_tokens, config=config,

@@ -35,7 +35,7 @@ from engines.train_publish import METRICS_FILE
 from engines.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
 from readers.problem_files import split_suffix
-from storage import checkpoints, digests, run_store
+from storage import checkpoints, digests, outputs, run_store
 from storage.pruner import Pruned, Pruner
 from storage.run_layout import RunLayout
 from tasks.batch import assemble_batch
@@ -472,7 +472,7 @@ class _PipelineStages:
         run (report/index.html, the Flyte UI) sees its curves grow; ~10 ms (benchmarks/report_refresh.py).
         Called after a step at most every :data:`REPORT_EVERY_S` seconds, and after every evaluation."""
         summary = _summary(self.cfg, self.layout, self.prepared, self, status="running")
-        with run_store.output(self.layout.report_dir, folder=True) as report_dir:
+        with outputs.output(self.layout.report_dir, folder=True) as report_dir:
             _, inline_page = write_report(report_dir, title=f"DAPO run {self.cfg.run.name}", summary=summary,
                                           metrics=self.metrics_rows, evals=self.evals, samples=[])
         if self.live_report:
@@ -499,7 +499,7 @@ class _PipelineStages:
             return schemas.read_shard(run_store.fetch(path), schemas.StepMetrics).to_pylist()[0]
         batch = None if plan.skipped else schemas.read_shard(run_store.fetch(self.layout.batch_shard(plan.step)), schemas.ScoredRollout)
         row = _step_row(trained, batch, plan, train_s)
-        with run_store.output(path) as local:
+        with outputs.output(path) as local:
             schemas.write_shard([row], local, schemas.StepMetrics)
         return row
 
@@ -564,7 +564,7 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     metrics_rows, evals = stages.metrics_rows, stages.evals
     trained_plans = [p for p in plans if not p.skipped]
     samples = _sample_responses(layout.batch_shard(trained_plans[-1].step)) if trained_plans else []
-    with run_store.output(layout.report_dir, folder=True) as report_dir:
+    with outputs.output(layout.report_dir, folder=True) as report_dir:
         page, inline_page = write_report(
             report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
         )

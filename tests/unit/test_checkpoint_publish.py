@@ -52,7 +52,7 @@ def test_every_file_and_folder_is_fsynced_before_the_checkpoint_is_renamed_into_
 def test_the_record_after_a_publish_does_not_read_the_large_files_again(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish hashes the files of a MiB or more while their fsyncs wait for the device; the
-    digest record written next (as run_store.output does after a train task) reuses those sha256s
+    digest record written next (as storage.outputs.output does after a train task) reuses those sha256s
     and records exactly what hashing the published files gives."""
     import builtins
     import hashlib

@@ -1,6 +1,6 @@
 """Digest records of published outputs, the driver's re-make of damaged cached outputs, `dapo verify`.
 
-Files and folders are published through ``run_store.output`` (as every task does), on a local
+Files and folders are published through ``outputs.output`` (as every task does), on a local
 folder and on fsspec's in-memory object store; damage is done by hand: a deleted file, a
 truncated shard, four flipped bytes (same size), a deleted checkpoint folder.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from storage import digests, run_store
+from storage import digests, outputs, run_store
 from workflows.verified_calls import DamagedOutputError, call_verified
 from workflows.verify import verify_run
 
@@ -44,7 +44,7 @@ def _sha(path: str) -> str:
 
 
 def _publish_checkpoint(uri: str, weights: bytes) -> None:
-    with run_store.output(uri, folder=True) as local:
+    with outputs.output(uri, folder=True) as local:
         local.mkdir(parents=True, exist_ok=True)
         (local / "model.safetensors").write_bytes(weights)
         (local / run_store.FOLDER_MARKER).write_text('{"checkpoint_id": "x"}')
@@ -52,7 +52,7 @@ def _publish_checkpoint(uri: str, weights: bytes) -> None:
 
 def test_output_records_sha256_and_size_of_every_file(root: str) -> None:
     shard = run_store.join(root, "steps", "batch.parquet")
-    with run_store.output(shard) as local:
+    with outputs.output(shard) as local:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(b"0123456789")
     ckpt = run_store.join(root, "checkpoints", "step-0001")
@@ -68,7 +68,7 @@ def test_output_records_sha256_and_size_of_every_file(root: str) -> None:
 
 def test_check_names_missing_truncated_and_flipped_files(root: str) -> None:
     shard = run_store.join(root, "round-00.parquet")
-    with run_store.output(shard) as local:
+    with outputs.output(shard) as local:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(bytes(range(64)))
     _flip(shard)
@@ -152,7 +152,7 @@ def test_an_output_that_cannot_be_made_again_is_an_error_naming_it(root: str) ->
 
     def body(out: str) -> str:
         if not run_store.exists(out):  # makes it only the first time
-            with run_store.output(out) as local:
+            with outputs.output(out) as local:
                 local.parent.mkdir(parents=True, exist_ok=True)
                 local.write_bytes(b"rows")
         return out
@@ -169,7 +169,7 @@ def test_an_output_that_cannot_be_made_again_is_an_error_naming_it(root: str) ->
 def _synthetic_run(root: str) -> tuple[str, str]:
     run_store.write_text(run_store.join(root, "run.json"), "{}")
     shard = run_store.join(root, "steps", "step-0001", "batch.parquet")
-    with run_store.output(shard) as local:
+    with outputs.output(shard) as local:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(bytes(range(200)))
     ckpt = run_store.join(root, "checkpoints", "step-0001")
@@ -206,7 +206,7 @@ def test_dapo_verify_exits_1_naming_the_damaged_file(tmp_path: Path, capsys: pyt
 
 
 def _write(out: str, content: bytes) -> str:
-    with run_store.output(out) as local:
+    with outputs.output(out) as local:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_bytes(content)
     return out
@@ -355,7 +355,7 @@ def test_a_deep_check_reads_the_bytes_even_of_a_file_that_looks_unchanged(tmp_pa
     import os
 
     path = str(tmp_path / "round-00.parquet")
-    with run_store.output(path) as local:
+    with outputs.output(path) as local:
         local.write_bytes(os.urandom(4096))
     stamp = Path(path).stat().st_mtime_ns
     _flip(path)

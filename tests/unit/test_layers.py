@@ -87,3 +87,69 @@ def test_the_check_catches_an_upward_and_a_sideways_import(tmp_path: Path) -> No
         "dapo_core/losses.py:2: dapo_core (layer 0) imports workflows.config (layer 6)",
         "schemas/models.py:1: schemas (layer 1) imports settings.train (layer 1)",
     ]
+
+
+def module_imports(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (``from pkg import mod`` names the module ``pkg.mod``)."""
+    paths = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+             for package in packages for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names if a.name in paths}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module in paths:
+                named = {f"{node.module}.{a.name}" for a in node.names} & paths.keys()
+                targets |= named if named else {node.module}
+        graph[module] = targets - {module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The modules that import each other in a circle, function-level imports included (Tarjan's
+    strongly connected components with more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    # A circle (even through a lazy import inside a function) means neither module can be read,
+    # tested or moved without the other: the one that is lower belongs in a module of its own.
+    assert import_circles(module_imports(REPO, PROJECT_PACKAGES)) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_lazy_import(tmp_path: Path) -> None:
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "storage" / "__init__.py").write_text("")
+    (tmp_path / "storage" / "a.py").write_text("from storage import b\n")
+    (tmp_path / "storage" / "b.py").write_text("def f():\n    from storage.c import g\n")
+    (tmp_path / "storage" / "c.py").write_text("import storage.a\n")
+    (tmp_path / "storage" / "d.py").write_text("from storage import a\n")
+    assert import_circles(module_imports(tmp_path, ("storage",))) == [["storage.a", "storage.b", "storage.c"]]

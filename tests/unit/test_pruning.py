@@ -1,6 +1,6 @@
 """storage/pruning.py on a fake run folder: pruned checkpoints stay verified, cached and traceable.
 
-Checkpoints 0..5 are published through ``run_store.output`` as the train task does (weights,
+Checkpoints 0..5 are published through ``outputs.output`` as the train task does (weights,
 ``ds_state/`` shards, lineage records), on a local folder and on fsspec's in-memory object store;
 then the retention policy K=1, M=2 prunes them as the driver does after step 5.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import checkpoints, digests, pruning, run_store
+from storage import checkpoints, digests, outputs, pruning, run_store
 from storage.run_layout import RunLayout
 from workflows.lineage import checkpoint_lineage
 from workflows.verify import pruned_outputs, verify_run
@@ -38,7 +38,7 @@ def root(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
 
 def _publish(layout: RunLayout, step: int) -> str:
     out = layout.checkpoint(step)
-    with run_store.output(out, folder=True) as local:
+    with outputs.output(out, folder=True) as local:
         local.mkdir(parents=True, exist_ok=True)
         (local / WEIGHTS).write_bytes(f"weights {step}".encode() * 10)
         (local / "config.json").write_text("{}")

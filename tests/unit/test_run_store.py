@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import checkpoints, run_store
+from storage import checkpoints, outputs, run_store
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -45,7 +45,7 @@ def test_the_folder_marker_is_the_checkpoint_metadata_file() -> None:
 
 def test_local_paths_pass_through(tmp_path: Path) -> None:
     target = tmp_path / "a" / "x.txt"
-    with run_store.output(str(target)) as local:
+    with outputs.output(str(target)) as local:
         assert local == target  # stage code writes in place; its own temp-then-rename applies
         local.parent.mkdir(parents=True)
         local.write_text("1")
@@ -67,11 +67,11 @@ def test_text_round_trip_and_listing(root: str) -> None:
 def test_file_output_is_uploaded_only_after_the_block(root: str) -> None:
     uri = run_store.join(root, "x.parquet")
     with pytest.raises(RuntimeError, match="stage failed"):
-        with run_store.output(uri) as local:
+        with outputs.output(uri) as local:
             local.write_bytes(b"half")
             raise RuntimeError("stage failed")
     assert not run_store.exists(uri)  # nothing half-written reaches the store
-    with run_store.output(uri) as local:
+    with outputs.output(uri) as local:
         local.write_bytes(b"whole")
     assert run_store.read_bytes(uri) == b"whole"
 
@@ -89,7 +89,7 @@ def test_folder_upload_puts_the_marker_last_and_clears_leftovers(root: str, monk
     uploaded: list[str] = []
     real_upload = run_store.upload_file
     monkeypatch.setattr(run_store, "upload_file", lambda local, u: (uploaded.append(u), real_upload(local, u)))
-    with run_store.output(uri, folder=True) as local:
+    with outputs.output(uri, folder=True) as local:
         _write_checkpoint(local, b"w1")
     assert uploaded[-1] == run_store.join(uri, run_store.FOLDER_MARKER)
     assert sorted(uploaded) == sorted(run_store.join(uri, n) for n in
@@ -100,7 +100,7 @@ def test_folder_upload_puts_the_marker_last_and_clears_leftovers(root: str, monk
 def _published(root: str, name: str, weights: bytes) -> str:
     """A checkpoint folder ``name`` written through this node's mirror into the store."""
     uri = run_store.join(root, "checkpoints", name)
-    with run_store.output(uri, folder=True) as local:
+    with outputs.output(uri, folder=True) as local:
         _write_checkpoint(local, weights)
     return uri
 
@@ -183,7 +183,7 @@ def test_fetch_names_what_is_missing(root: str) -> None:
 
 def test_download_tree_can_skip_weights(root: str, tmp_path: Path) -> None:
     uri = run_store.join(root, "checkpoints", "step-0001")
-    with run_store.output(uri, folder=True) as local:
+    with outputs.output(uri, folder=True) as local:
         _write_checkpoint(local, b"w1")
     dest = run_store.download_tree(root, tmp_path / "records", exclude_suffixes=(".safetensors", ".pt"))
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [

@@ -15,7 +15,7 @@ from dapo_core.answers import (
 from engines.curation import CurateReport, curate_sources
 from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
-from storage import digests, run_store
+from storage import digests, outputs, run_store
 from tasks.curate import curate
 from workflows.local_flyte import run_local
 from workflows.verified_calls import check_remade, must_remake, record_stamps
@@ -86,7 +86,7 @@ def run_cli(args: argparse.Namespace) -> int:
             out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
             report = curate_on_flyte(list(args.inputs), out_dir, config)
         else:
-            with run_store.output(args.out, folder=True) as local:  # a path, or an object-store URI
+            with outputs.output(args.out, folder=True) as local:  # a path, or an object-store URI
                 report = curate_sources(args.inputs, local, config)
     except (CurationError, ValueError) as err:
         print(f"dapo curate: error: {err}", file=sys.stderr)

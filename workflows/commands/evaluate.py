@@ -9,7 +9,7 @@ import sys
 from engines.evaluation import evaluate_checkpoint
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
-from storage import run_store
+from storage import outputs, run_store
 from workflows import json_output
 
 
@@ -33,7 +33,7 @@ def run_cli(args: argparse.Namespace) -> int:
         # Raw inputs get the run's own prompt template, the one its policy was trained on.
         config = dataclasses.replace(config, prompt_template=stage_config("curate", args.config).prompt_template)
     engine_config = stage_config("rollout", args.config) if args.config else RolloutConfig()
-    with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
+    with outputs.output(args.out) as local:  # paths or object-store URIs, as in the task
         summary = evaluate_checkpoint(args.checkpoint, run_store.fetch_all(list(args.problems)), str(local), args.step,
                                       config, engine_config)
     print(json_output.dumps(dataclasses.asdict(summary)))

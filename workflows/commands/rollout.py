@@ -12,7 +12,7 @@ from engines.rollout import (
     manifest_path,
     rollout_shard,
 )
-from storage import checkpoints, run_store
+from storage import checkpoints, outputs, run_store
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,7 @@ def run_cli(args: argparse.Namespace) -> int:
             ids = (ids or load_problems_ids(paths))[: args.limit]
         version = (args.policy_version if args.policy_version is not None
                    else checkpoints.read_info(args.checkpoint).step)  # a URI: its metadata file alone
-        with run_store.output(args.out) as local_out, run_store.output(manifest_path(args.out)):
+        with outputs.output(args.out) as local_out, outputs.output(manifest_path(args.out)):
             rollout_shard(
                 args.checkpoint, paths, ids, local_out, config,
                 seed=args.seed, policy_version=version, generation_round=args.round, engines=args.engines,

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from engines.rollout import manifest_path
 from engines.scoring import score_shards
-from storage import run_store
+from storage import outputs, run_store
 from workflows import json_output
 
 
@@ -45,7 +45,7 @@ def run_cli(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"dapo score: {err}", file=sys.stderr)
         return 2
-    with run_store.output(args.out) as local:  # paths or object-store URIs, as in the task
+    with outputs.output(args.out) as local:  # paths or object-store URIs, as in the task
         stats = score_shards(
             run_store.fetch_all(args.rollouts), run_store.fetch_all(args.problems), str(local),
             max_response_tokens=max_tokens, config=config,
