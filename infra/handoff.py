@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from infra.sizing import GB, ClusterPlan
 from storage.retention_policy import MIRRORED_CHECKPOINTS, checkpoint_retention
 
+SHARE_GOAL = 0.03  # the hand-off's goal: at most this share of a paper-scale step (docs/CLUSTER.md)
 OPTIMIZER_BYTES_PER_PARAM = 12  # fp32 master weights + Adam m and v (ds_state/, any ZeRO stage)
 EXPORT_BYTES_PER_PARAM = {"bf16": 2, "fp32": 4}  # the HF export's dtype follows train.precision
 
@@ -131,6 +132,21 @@ def transfer_seconds(total_bytes: float, busiest_node_bytes: float, bandwidth: B
 def _cost(name: str, parts: list[Transfer], written: float, read: float, step_s: float) -> HandoffCost:
     critical = sum(p.critical_s for p in parts)
     return HandoffCost(name, int(written), int(read), critical, critical / (step_s + critical), tuple(parts))
+
+
+def store_bandwidth_for_share(cost: HandoffCost, step_s: float, bandwidth: Bandwidth, share: float) -> Bandwidth:
+    """The run store's bandwidth at which ``cost`` takes ``share`` of a step of ``step_s`` seconds:
+    ``bandwidth`` with its per-node and aggregate figures scaled by one factor.
+
+    Exact for a hand-off whose critical path is store transfers in full (the naive one): each takes
+    ``max(busiest node / per node, all / aggregate)``, so its seconds scale with 1 / the factor.
+    """
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"share must lie in (0, 1), got {share}")
+    allowed_s = share * step_s / (1.0 - share)  # critical / (step + critical) == share
+    factor = cost.critical_path_s / allowed_s
+    return dataclasses.replace(bandwidth, per_node_bytes_per_s=bandwidth.per_node_bytes_per_s * factor,
+                               aggregate_bytes_per_s=bandwidth.aggregate_bytes_per_s * factor)
 
 
 def step_handoff(
@@ -263,6 +279,11 @@ def format_handoff(h: StepHandoff) -> str:
         lines += [f"      - {p.what}: {p.bytes / GB:,.1f} GB, {p.seconds:,.0f} s"
                   + ("" if math.isclose(p.critical_s, p.seconds) else f" ({p.critical_s:,.0f} s per step on the critical path)")
                   for p in cost.parts]
+        if cost is h.naive:
+            need = store_bandwidth_for_share(cost, h.step_s, bw, SHARE_GOAL)
+            lines.append(f"      reaches {SHARE_GOAL:.0%} of a step at {need.per_node_bytes_per_s / GB:,.1f} GB/s per node "
+                         f"({need.per_node_bytes_per_s * 8 / GB:,.0f} Gb/s) and {need.aggregate_bytes_per_s / GB:,.0f} GB/s "
+                         f"aggregate: {need.per_node_bytes_per_s / bw.per_node_bytes_per_s:,.1f}x the assumed store bandwidth")
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
                  "GB (its ranks' share of the parent's optimizer state, and the step's output: the weights and its "
@@ -271,4 +292,4 @@ def format_handoff(h: StepHandoff) -> str:
 
 
 __all__ = ["Bandwidth", "HandoffCost", "StepHandoff", "Throughput", "Transfer", "checkpoint_bytes", "format_handoff",
-           "retention_table_markdown", "run_storage_bytes", "step_handoff", "transfer_seconds"]
+           "retention_table_markdown", "run_storage_bytes", "step_handoff", "store_bandwidth_for_share", "transfer_seconds"]

@@ -75,6 +75,23 @@ def test_naive_handoff_of_the_paper_config_by_hand() -> None:
     assert 0.07 < naive.share < 0.08
 
 
+def test_the_store_bandwidth_at_which_the_naive_handoff_meets_three_percent() -> None:
+    cost = paper_cost()
+    need = handoff.store_bandwidth_for_share(cost.naive, cost.step_s, handoff.Bandwidth(), 0.03)
+    # by hand: 3% of a step allows 0.03 x 5,162.1 / 0.97 = 159.7 s; the naive hand-off takes 419.4 s at
+    # 1.25 GB/s per node and 20 GB/s in all, so the store must be 419.4 / 159.7 = 2.63x as fast
+    factor = cost.naive.critical_path_s / (0.03 * cost.step_s / 0.97)
+    assert factor == pytest.approx(2.63, abs=0.01)
+    assert need.per_node_bytes_per_s == pytest.approx(1.25 * GB * factor)
+    assert need.aggregate_bytes_per_s == pytest.approx(20 * GB * factor)
+    assert need.interconnect_bytes_per_s == handoff.Bandwidth().interconnect_bytes_per_s
+    # and the model itself, run at that bandwidth, lands on 3%
+    assert paper_cost(bandwidth=need).naive.share == pytest.approx(0.03)
+    assert "reaches 3% of a step at 3.3 GB/s per node (26 Gb/s) and 53 GB/s aggregate" in handoff.format_handoff(cost)
+    with pytest.raises(ValueError, match="share"):
+        handoff.store_bandwidth_for_share(cost.naive, cost.step_s, handoff.Bandwidth(), 1.0)
+
+
 def test_designed_handoff_meets_three_percent_of_a_paper_step() -> None:
     cost = paper_cost()
     designed = cost.designed
