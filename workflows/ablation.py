@@ -31,7 +31,7 @@ from infra.environments import cpu_env
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
-from workflows.config import SHIPPED_CONFIGS, RunConfig, config_from_dict, load_config
+from workflows.config import SHIPPED_CONFIGS, ConfigError, RunConfig, config_from_dict, load_config
 from workflows.pipeline import (
     RunInterrupted,
     add_verbose_argument,
@@ -98,6 +98,24 @@ def rung_settings(rungs: list[Rung], index: int) -> dict[str, Any]:
     for rung in rungs[: index + 1]:
         settings.update(rung.delta)
     return settings
+
+
+def check_ladder_ends_at(base: RunConfig, source: str) -> None:
+    """Refuse (:class:`ConfigError`) a config that the ladder's last rung (DAPO) would not reproduce.
+
+    The rungs add techniques and never take one back, so a setting a rung turns on that ``base``
+    leaves off (e.g. ``score.overlong_filtering``, which rung 1 adds) would make "DAPO" a config
+    other than ``base``, and its row of the table another run than ``dapo run`` of the same file.
+    """
+    rungs = ladder(base)
+    differ = {key: (_base_value(base, key), value) for key, value in rung_settings(rungs, len(rungs) - 1).items()
+              if _base_value(base, key) != value}
+    if differ:
+        listed = ", ".join(f"{key} is {was!r} where the rungs set {want!r}" for key, (was, want) in differ.items())
+        sets = " ".join(f"--set {key}={str(want).lower() if isinstance(want, bool) else want}"
+                        for key, (_, want) in differ.items())
+        raise ConfigError(f"{source}: the ladder ends at the config itself, but {listed}; put them in the config "
+                          f"(or add {sets}), or use the ladder's own configs/ablation-addsub.yaml")
 
 
 def rung_config(base: RunConfig, settings: dict[str, Any], *, seed: int, name: str) -> RunConfig:
@@ -193,6 +211,7 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
+    check_ladder_ends_at(config, config.source)
     layout = RunLayout(ladder_folder(config, run_root))
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
     with hold_run_folder(layout.root, note=lambda line: progress.note(line, warning=True)):
@@ -264,6 +283,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.ablation_report import format_table
 
     config = load_config(args.config, args.set)
+    check_ladder_ends_at(config, args.config)
     count = len(ladder(config))
     bad = [index for index in args.rungs or [] if not 0 <= index < count]
     if bad:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from workflows.ablation import ladder, rung_config, rung_settings
+from workflows.ablation import check_ladder_ends_at, ladder, rung_config, rung_settings
 from workflows.ablation_report import format_table, rung_row, write_ablation
-from workflows.config import load_config
+from workflows.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +50,43 @@ def test_last_rung_is_the_config_file(base) -> None:
     rungs = ladder(base)
     last = rung_config(base, rung_settings(rungs, len(rungs) - 1), seed=base.run.seed, name=base.run.name)
     assert last.to_dict() == base.to_dict()
+
+
+@pytest.mark.parametrize("name", ["ablation-addsub.yaml", "ablation-tiny.yaml"])
+def test_the_shipped_ladder_configs_are_their_own_last_rung(name: str) -> None:
+    config = load_config(REPO / "configs" / name)
+    check_ladder_ends_at(config, name)
+    rungs = ladder(config)
+    last = rung_config(config, rung_settings(rungs, len(rungs) - 1), seed=config.run.seed, name=config.run.name)
+    assert last.to_dict() == config.to_dict()
+
+
+def test_a_config_the_last_rung_would_not_reproduce_is_refused(tmp_path: Path) -> None:
+    # The main job leaves overlong filtering and truncated-is-wrong off, which rungs 0 and 1 turn on:
+    # its "DAPO" rung would have been another config than `dapo run` of the same file.
+    main = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    with pytest.raises(ConfigError) as refused:
+        check_ladder_ends_at(main, "configs/tiny-cpu.yaml")
+    text = str(refused.value)
+    assert "score.overlong_filtering is False where the rungs set True" in text
+    assert "score.truncated_is_wrong is False where the rungs set True" in text
+    assert "--set score.truncated_is_wrong=true --set score.overlong_filtering=true" in text
+    from workflows.cli import main as dapo
+
+    assert dapo(["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(tmp_path)]) == 2
+    assert list(tmp_path.iterdir()) == []  # refused before any folder was made
+
+
+def test_the_default_ladder_is_the_main_job_with_the_two_settings_the_rungs_add() -> None:
+    # So benchmarks/ablation.md (run on the main job's config with these two settings) is what
+    # `dapo ablate` gives by default, rung for rung.
+    ladder_config = load_config(REPO / "configs" / "ablation-addsub.yaml")
+    main = load_config(REPO / "configs" / "tiny-cpu.yaml",
+                       ["score.overlong_filtering=true", "score.truncated_is_wrong=true"])
+    for index in range(len(ladder(main))):
+        ours, theirs = (rung_config(c, rung_settings(ladder(c), index), seed=1, name="same").to_dict()
+                        for c in (ladder_config, main))
+        assert ours == theirs, index
 
 
 def _run(seed: int, final: float, entropy: list[float]) -> dict:
