@@ -159,7 +159,7 @@ def test_a_run_root_that_is_a_file_is_refused_before_anything_is_created(
     root = tmp_path / "rootfile"
     root.write_text("not a folder")
     for argv in (["run", "--run-root", str(root)], ["run", "--run-root", str(root / "deeper")],
-                 ["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(root)]):
+                 ["ablate", "--config", str(REPO / "configs" / "ablation-addsub.yaml"), "--run-root", str(root)]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert f"{root} is a file, not a folder" in err, err
@@ -170,7 +170,7 @@ def test_ablate_refuses_a_rung_the_ladder_does_not_have(tmp_path: Path, capsys: 
     from workflows.cli import main
 
     for rungs in (["9"], ["2", "-1"]):
-        argv = ["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(tmp_path), "--rungs", *rungs]
+        argv = ["ablate", "--config", str(REPO / "configs" / "ablation-addsub.yaml"), "--run-root", str(tmp_path), "--rungs", *rungs]
         assert main(argv) == 2
         assert f"--rungs {rungs[-1]}: no such rung; the ladder has rungs 0-5" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
