@@ -87,6 +87,7 @@ def main() -> int:
 
     name = load_config(args.config, args.set).run.name
     work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)  # its logs go here before any run exists
     root, prepared = Path(args.run_root or work / "runs"), work / "prepared"
     run_dir = root / name
     common = [*args.set, "run.eval_every_steps=0"]
