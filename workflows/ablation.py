@@ -100,7 +100,7 @@ def rung_settings(rungs: list[Rung], index: int) -> dict[str, Any]:
     return settings
 
 
-def check_ladder_ends_at(base: RunConfig, source: str) -> None:
+def check_ladder_ends_at(base: RunConfig) -> None:
     """Refuse (:class:`ConfigError`) a config that the ladder's last rung (DAPO) would not reproduce.
 
     The rungs add techniques and never take one back, so a setting a rung turns on that ``base``
@@ -114,7 +114,7 @@ def check_ladder_ends_at(base: RunConfig, source: str) -> None:
         listed = ", ".join(f"{key} is {was!r} where the rungs set {want!r}" for key, (was, want) in differ.items())
         sets = " ".join(f"--set {key}={str(want).lower() if isinstance(want, bool) else want}"
                         for key, (_, want) in differ.items())
-        raise ConfigError(f"{source}: the ladder ends at the config itself, but {listed}; put them in the config "
+        raise ConfigError(f"{base.source}: the ladder ends at the config itself, but {listed}; put them in the config "
                           f"(or add {sets}), or use the ladder's own configs/ablation-addsub.yaml")
 
 
@@ -211,7 +211,6 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
 
 def run_ablation(config: RunConfig, run_root: str | Path, *, seeds: list[int], rungs: list[int] | None = None) -> list[dict[str, Any]]:
     """Run the ladder through Flyte locally into ``<run_root>/<run name>-ladder``; returns the table."""
-    check_ladder_ends_at(config, config.source)
     layout = RunLayout(ladder_folder(config, run_root))
     indices = list(range(len(ladder(config)))) if rungs is None else rungs
     with hold_run_folder(layout.root, note=lambda line: progress.note(line, warning=True)):
@@ -283,7 +282,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.ablation_report import format_table
 
     config = load_config(args.config, args.set)
-    check_ladder_ends_at(config, args.config)
+    check_ladder_ends_at(config)  # before anything runs or any folder is made
     count = len(ladder(config))
     bad = [index for index in args.rungs or [] if not 0 <= index < count]
     if bad:

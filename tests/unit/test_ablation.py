@@ -55,7 +55,7 @@ def test_last_rung_is_the_config_file(base) -> None:
 @pytest.mark.parametrize("name", ["ablation-addsub.yaml", "ablation-tiny.yaml"])
 def test_the_shipped_ladder_configs_are_their_own_last_rung(name: str) -> None:
     config = load_config(REPO / "configs" / name)
-    check_ladder_ends_at(config, name)
+    check_ladder_ends_at(config)
     rungs = ladder(config)
     last = rung_config(config, rung_settings(rungs, len(rungs) - 1), seed=config.run.seed, name=config.run.name)
     assert last.to_dict() == config.to_dict()
@@ -66,7 +66,7 @@ def test_a_config_the_last_rung_would_not_reproduce_is_refused(tmp_path: Path) -
     # its "DAPO" rung would have been another config than `dapo run` of the same file.
     main = load_config(REPO / "configs" / "tiny-cpu.yaml")
     with pytest.raises(ConfigError) as refused:
-        check_ladder_ends_at(main, "configs/tiny-cpu.yaml")
+        check_ladder_ends_at(main)
     text = str(refused.value)
     assert "score.overlong_filtering is False where the rungs set True" in text
     assert "score.truncated_is_wrong is False where the rungs set True" in text
