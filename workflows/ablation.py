@@ -80,7 +80,7 @@ def ladder(base: RunConfig) -> list[Rung]:
             "run.max_rounds": 1,
         }),
         Rung("+ overlong filtering", "1-overlong-filtering", {"score.overlong_filtering": True}),  # sec. 3.4
-        Rung("+ clip-higher", "2-clip-higher", {"train.eps_high": 0.28}),  # sec. 3.1
+        Rung("+ clip-higher", "2-clip-higher", {"train.eps_high": base.train.eps_high}),  # sec. 3.1: the config's
         Rung("+ soft overlong punishment", "3-soft-overlong-punishment",
              {"score.soft_overlong_punishment": True}),  # sec. 3.4, eq. 13
         Rung("+ token-level loss", "4-token-level-loss", {"train.loss_agg": "token-mean"}),  # sec. 3.3, eq. 12
@@ -106,7 +106,13 @@ def check_ladder_ends_at(base: RunConfig) -> None:
     The rungs add techniques and never take one back, so a setting a rung turns on that ``base``
     leaves off (e.g. ``score.overlong_filtering``, which rung 1 adds) would make "DAPO" a config
     other than ``base``, and its row of the table another run than ``dapo run`` of the same file.
+    A config without a decoupled clip (``eps_high <= eps_low``) is refused too: its clip-higher rung
+    would be the rung below it again.
     """
+    if base.train.eps_high <= base.train.eps_low:
+        raise ConfigError(f"{base.source}: train.eps_high ({base.train.eps_high}) is not above train.eps_low "
+                          f"({base.train.eps_low}), so the ladder's clip-higher rung would repeat the rung below it; "
+                          "set the config's decoupled clip (the paper's: --set train.eps_high=0.28)")
     rungs = ladder(base)
     differ = {key: (_base_value(base, key), value) for key, value in rung_settings(rungs, len(rungs) - 1).items()
               if _base_value(base, key) != value}

@@ -77,6 +77,26 @@ def test_a_config_the_last_rung_would_not_reproduce_is_refused(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []  # refused before any folder was made
 
 
+def test_the_clip_higher_rung_adds_the_configs_own_upper_clip(tmp_path: Path) -> None:
+    # A config with its own decoupled clip (here 0.1 / 0.14): the ladder's naive rung clips both sides
+    # at the lower value, clip-higher raises the upper one to the config's, so the last rung is the file.
+    config = rung_config(load_config(REPO / "configs" / "ablation-addsub.yaml"),
+                         {"train.eps_low": 0.1, "train.eps_high": 0.14}, seed=0, name="tight")
+    check_ladder_ends_at(config)
+    rungs = ladder(config)
+    configs = [rung_config(config, rung_settings(rungs, i), seed=0, name="tight") for i in range(len(rungs))]
+    assert [(c.train.eps_low, c.train.eps_high) for c in configs] == [(0.1, 0.1)] * 2 + [(0.1, 0.14)] * 4
+    assert configs[-1].to_dict() == config.to_dict()
+
+
+def test_a_config_without_clip_higher_is_refused_by_the_ladder() -> None:
+    # eps_high == eps_low: the clip-higher rung would repeat the rung below it, runs for nothing.
+    config = rung_config(load_config(REPO / "configs" / "ablation-addsub.yaml"), {"train.eps_high": 0.2},
+                         seed=0, name="symmetric")
+    with pytest.raises(ConfigError, match=r"train.eps_high \(0.2\) is not above train.eps_low \(0.2\)"):
+        check_ladder_ends_at(config)
+
+
 def test_the_default_ladder_is_the_main_job_with_the_two_settings_the_rungs_add() -> None:
     # So benchmarks/ablation.md (run on the main job's config with these two settings) is what
     # `dapo ablate` gives by default, rung for rung.
