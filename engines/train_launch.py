@@ -30,6 +30,7 @@ from engines import threads, train_server
 from engines import train_batch as tb
 from engines.train_checkpoint import parent_fetch_skip, resumes_optimizer_state
 from engines.train_publish import (
+    TrainInputError,
     TrainStepError,
     TrainStepResult,
     batch_sha256_of,
@@ -195,15 +196,15 @@ def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: Tr
             rows = tb.load_rows([str(s) for s in shards])
             tb.check_trainable(rows, step=int(step))
         except tb.TrainBatchError as err:
-            raise TrainStepError(f"step {step}: bad training batch: {err}") from err
+            raise TrainInputError(f"step {step}: bad training batch: {err}") from err
         newer = [r for r in rows if r.policy_version > parent_version]
         if newer:
-            raise TrainStepError(
+            raise TrainInputError(
                 f"step {step}: {newer[0].origin} (rollout_id {newer[0].rollout_id!r}) has policy_version "
                 f"{newer[0].policy_version}, newer than the parent checkpoint it would update (step {parent_version})"
             )
         if len(rows) < config.updates_per_step:
-            raise TrainStepError(
+            raise TrainInputError(
                 f"step {step}: {len(rows)} kept samples cannot fill updates_per_step={config.updates_per_step} mini-batches"
             )
         # What this check validated, by content: the workers skip the schema checks for these

@@ -38,6 +38,11 @@ class TrainStepError(RuntimeError):
     """A training step failed; nothing was published."""
 
 
+class TrainInputError(TrainStepError):
+    """The step's input was refused before any worker started (a bad batch, a sample newer than the
+    parent, too few samples for the mini-batches); nothing was published."""
+
+
 @dataclass(frozen=True)
 class TrainedStep:
     """What the train task returns: the published checkpoint of one step.

@@ -32,6 +32,7 @@ from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
 from workflows.config import SHIPPED_CONFIGS, ConfigError, RunConfig, config_from_dict, load_config
+from workflows.exit_codes import BAD_INPUT
 from workflows.pipeline import (
     RunInterrupted,
     add_verbose_argument,
@@ -293,16 +294,16 @@ def run_cli(args: argparse.Namespace) -> int:
     bad = [index for index in args.rungs or [] if not 0 <= index < count]
     if bad:
         print(f"dapo ablate: --rungs {' '.join(map(str, bad))}: no such rung; the ladder has rungs 0-{count - 1}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     if args.report_only:
         from workflows.ablation_report import write_ablation
 
         ladder_dir = ladder_folder(config, args.run_root)
         try:
             results = collect_results(config, ladder_dir, seeds=args.seeds, rungs=args.rungs)
-        except FileNotFoundError as err:
+        except FileNotFoundError as err:  # no finished runs of these rungs and seeds in the ladder folder
             print(f"dapo ablate: {err}", file=sys.stderr)
-            return 1
+            return BAD_INPUT
         seconds = sum(run["summary"]["wall_seconds"] for r in results for run in r["runs"])  # of the runs
         table, _ = write_ablation(ladder_dir, results, base=config, seconds=seconds)
     else:
@@ -315,7 +316,7 @@ def run_cli(args: argparse.Namespace) -> int:
                 table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
         except RunFolderError as err:
             print(f"dapo ablate: {err}", file=sys.stderr)
-            return 2
+            return BAD_INPUT
         except RunInterrupted as err:
             exit_interrupted("ablate", err)
     print(format_table(table))

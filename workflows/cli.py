@@ -14,6 +14,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from workflows.exit_codes import BAD_INPUT, FAILED, INTERRUPTED, OK, TERMINATED
+
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("workflows.pipeline", "run the whole pipeline from a config (curate -> steps -> evaluate)"),
@@ -96,7 +98,7 @@ def ctrl_c_exit_code(argv: Sequence[str], *, terminated: bool = False) -> int:
     command = next((a for a in argv if a in SUBCOMMANDS), None)
     print(f"\ndapo{f' {command}' if command else ''}: {'stopped (SIGTERM)' if terminated else 'interrupted (Ctrl-C)'}",
           file=sys.stderr)
-    return 143 if terminated else 130
+    return TERMINATED if terminated else INTERRUPTED
 
 
 def _run_command(argv: list[str]) -> int:
@@ -105,7 +107,7 @@ def _run_command(argv: list[str]) -> int:
     module = _module_for(args.command)
     if module is None:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     from settings.checks import FieldError
     from workflows.config import ConfigError
 
@@ -113,33 +115,33 @@ def _run_command(argv: list[str]) -> int:
 
     try:
         with result_stdout() if args.command in RESULT_ON_STDOUT else contextlib.nullcontext():
-            return int(module.run_cli(args) or 0)
+            return int(module.run_cli(args) or OK)
     except (ConfigError, FieldError) as err:  # FieldError: a stage setting given as a command-line option
         # A config mistake is the user's, not the code's: one line naming the file or --set
         # and the field, no traceback, exit code 2 (as argparse does for bad arguments).
         print(f"dapo {args.command}: config error: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except BrokenPipeError:
         # Output piped into `head` and the like: stop quietly, as Unix tools do.
         sys.stderr.close()
-        return 0
+        return OK
     except Exception as err:
         if type(err).__name__ in USER_ERRORS or getattr(err, "code", None) in USER_ERRORS:
             # The user's input or config (raised directly, or inside a Flyte task, which re-raises
             # it as its own error type with the class name as `code`): one line, exit 2.
             print(f"dapo {args.command}: {str(err).strip().splitlines()[-1]}", file=sys.stderr)
-            return 2
+            return BAD_INPUT
         # A full disk reaches here wrapped by Flyte, DeepSpeed or a worker's error file; say it
         # in one line with the path (schemas/disk_space.py words it), not as a page of traceback.
         line = disk_full_line(err)
         if line is not None:
             print(f"dapo {args.command}: {line}", file=sys.stderr)
-            return 1
+            return FAILED
         # Any other failure: its whole traceback on stderr, with its notes (`dapo run` adds the
         # failing Flyte task's own traceback and the run's log file: workflows/run_output.py).
         # Printed here, not by sys.excepthook: Flyte's replacement drops the notes and prints to stdout.
         traceback.print_exception(err, file=sys.stderr)
-        return 1
+        return FAILED
 
 
 if __name__ == "__main__":

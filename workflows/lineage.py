@@ -21,6 +21,7 @@ import schemas
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
 from workflows import json_output
+from workflows.exit_codes import BAD_INPUT
 
 
 class LineageError(LookupError):
@@ -246,7 +247,7 @@ def run_cli(args: argparse.Namespace) -> int:
                 print(rollout_id)
     except LineageError as err:
         print(display_names(f"dapo lineage: {err}", args.run, args.run_root), file=sys.stderr)
-        return 1
+        return BAD_INPUT
     return 0
 
 

@@ -35,6 +35,7 @@ from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
 from workflows.config import SHIPPED_CONFIGS, RunConfig, load_config
+from workflows.exit_codes import BAD_INPUT
 from workflows.local_flyte import run_local
 from workflows.run_binding import (
     RunFolderError,
@@ -300,7 +301,7 @@ def run_cli(args: argparse.Namespace) -> int:
             summary = run_pipeline(config, args.run_root)
     except RunFolderError as err:
         print(f"dapo run: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     except RunInterrupted as err:
         exit_interrupted("run", err)
     print(format_summary(summary))

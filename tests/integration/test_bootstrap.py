@@ -135,7 +135,7 @@ def test_cli_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     parser = argparse.ArgumentParser()
     bootstrap_cli.add_arguments(parser)
     args = parser.parse_args(["--out", str(tmp_path / "x"), "--set", "no_such_field=1"])
-    assert bootstrap_cli.run_cli(args) == 1
+    assert bootstrap_cli.run_cli(args) == 2
     assert "no_such_field" in capsys.readouterr().err
 
 

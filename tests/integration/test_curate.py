@@ -283,7 +283,7 @@ def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["curate", spec, "--template", "tiny", "--test-fraction", "0.25", "--flyte",
                  "--out", str(tmp_path / "flyte")]) == 0
     assert files_under(tmp_path / "cli") == files_under(tmp_path / "flyte")
-    assert main(["curate", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "x")]) == 1
+    assert main(["curate", str(tmp_path / "missing.parquet"), "--out", str(tmp_path / "x")]) == 2
     assert "missing.parquet: no such file" in capsys.readouterr().err
 
 
@@ -296,7 +296,7 @@ def test_cli_refuses_bad_options_in_one_line_before_curating(tmp_path: Path, cap
     assert err.strip() == "dapo curate: config error: test_fraction=1.5 must be in [0, 1)", err
     taken = tmp_path / "taken.jsonl"
     taken.write_text("{}\n")
-    assert main(["curate", spec, "--out", str(taken)]) == 1
+    assert main(["curate", spec, "--out", str(taken)]) == 2
     assert f"--out {taken} is a file" in capsys.readouterr().err
     assert taken.read_text() == "{}\n" and sorted(p.name for p in tmp_path.iterdir()) == ["taken.jsonl"]
 

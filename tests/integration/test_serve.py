@@ -244,5 +244,5 @@ def test_ask_outside_a_run_uses_the_template_flag(checkpoint: Path) -> None:
 
 def test_ask_names_a_folder_that_is_no_checkpoint(tmp_path: Path) -> None:
     result = _ask(str(tmp_path), "3+4")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert f"dapo ask: error: {tmp_path}: not a checkpoint folder" in result.stderr

@@ -26,6 +26,7 @@ from engines.rollout import RolloutError, generate_rollouts
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage.checkpoints import CheckpointError
+from workflows.exit_codes import BAD_INPUT
 from workflows.policy_source import PolicySource, resolve_policy
 
 TINY_TEMPLATE = "{problem}=\n"  # configs/tiny-cpu.yaml's curate.prompt_template
@@ -97,7 +98,7 @@ def run_cli(args: argparse.Namespace) -> int:
                                     seed=seed, policy_version=policy.step, generation_round=0)
     except (CheckpointError, RolloutError, FileNotFoundError, ValueError) as err:
         print(f"dapo ask: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     verdicts = score_responses([r["response_text"] for r in rows], [args.gold] * len(rows)) if args.gold else None
     _print_samples(rows, verdicts, args.gold)
     if verdicts:

@@ -9,6 +9,7 @@ from dataclasses import asdict
 from engines.policy_bootstrap import BootstrapError, bootstrap_policy
 from storage import checkpoints
 from workflows import json_output
+from workflows.exit_codes import BAD_INPUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,7 @@ def run_cli(args: argparse.Namespace) -> int:
         folder = bootstrap_policy(args.out, config, args.train or None, args.test or None)
     except (BootstrapError, ConfigError, checkpoints.CheckpointError, ValueError) as err:
         print(f"dapo bootstrap: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     info = checkpoints.read_info(folder)
     print(json_output.dumps({"checkpoint": str(folder), **asdict(info)}))
     return 0

@@ -17,6 +17,7 @@ from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
 from storage import digests, outputs, run_store
 from tasks.curate import curate
+from workflows.exit_codes import BAD_INPUT
 from workflows.local_flyte import run_local
 from workflows.verified_calls import check_remade, must_remake, record_stamps
 
@@ -80,7 +81,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     if not run_store.is_remote(args.out) and Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"dapo curate: error: --out {args.out} is a file; give a folder (created if missing)", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     try:
         if args.flyte:
             out_dir = args.out if run_store.is_remote(args.out) else str(Path(args.out).resolve())
@@ -90,7 +91,7 @@ def run_cli(args: argparse.Namespace) -> int:
                 report = curate_sources(args.inputs, local, config)
     except (CurationError, ValueError) as err:
         print(f"dapo curate: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     print(f"input rows: {report.input_rows}  kept: {report.kept}  rejected: {report.rejected}")
     for split, n in report.kept_by_split.items():
         print(f"  kept   {split:<22} {n}")

@@ -13,6 +13,7 @@ from engines.rollout import (
     rollout_shard,
 )
 from storage import checkpoints, outputs, run_store
+from workflows.exit_codes import BAD_INPUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,6 @@ def run_cli(args: argparse.Namespace) -> int:
     except (RolloutError, ConfigError, checkpoints.CheckpointError, schemas.ShardValidationError, FileNotFoundError,
             ValueError) as err:
         print(f"dapo rollout: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     print(Path(manifest_path(local_out)).read_text())
     return 0

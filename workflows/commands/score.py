@@ -11,6 +11,7 @@ from engines.rollout import manifest_path
 from engines.scoring import score_shards
 from storage import outputs, run_store
 from workflows import json_output
+from workflows.exit_codes import BAD_INPUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +45,7 @@ def run_cli(args: argparse.Namespace) -> int:
         max_tokens = args.max_response_tokens or rollout_cap(args.rollouts)
     except ValueError as err:
         print(f"dapo score: {err}", file=sys.stderr)
-        return 2
+        return BAD_INPUT
     with outputs.output(args.out) as local:  # paths or object-store URIs, as in the task
         stats = score_shards(
             run_store.fetch_all(args.rollouts), run_store.fetch_all(args.problems), str(local),

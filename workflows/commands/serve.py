@@ -18,6 +18,7 @@ from pathlib import Path
 from engines import rollout, serving, vllm_engine
 from settings.rollout import RolloutConfig
 from storage.checkpoints import CheckpointError
+from workflows.exit_codes import BAD_INPUT, FAILED
 from workflows.policy_source import PolicySource, resolve_policy
 
 
@@ -51,7 +52,7 @@ def run_cli(args: argparse.Namespace) -> int:
         policy = resolve_policy(args.checkpoint)
     except (CheckpointError, FileNotFoundError) as err:
         print(f"dapo serve: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
     settings = engine_settings_for(policy, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads)
     command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
                                      port=args.port, on_cpu=not vllm_engine.gpu_count())
@@ -64,7 +65,7 @@ def run_cli(args: argparse.Namespace) -> int:
         except serving.ServerError as err:
             serving.stop_server(process)
             print(f"dapo serve: error: {err} (its log is above)", file=sys.stderr)
-            return 1
+            return FAILED
         except KeyboardInterrupt:
             serving.stop_server(process)
             return 0

@@ -6,8 +6,10 @@ import argparse
 import sys
 
 from engines.train_launch import train_step_in_store
-from engines.train_publish import TrainStepError
+from engines.train_publish import TrainInputError, TrainStepError
+from storage.checkpoints import CheckpointError
 from workflows import json_output
+from workflows.exit_codes import BAD_INPUT, FAILED
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +27,11 @@ def run_cli(args: argparse.Namespace) -> int:
     config = stage_config("train", args.config, args.set)
     try:
         result = train_step_in_store(args.checkpoint, args.scored, args.out, step=args.step, config=config)
-    except TrainStepError as err:
+    except (TrainInputError, CheckpointError) as err:  # the shards or the checkpoint given
         print(f"dapo train: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
+    except TrainStepError as err:  # the step itself failed
+        print(f"dapo train: {err}", file=sys.stderr)
+        return FAILED
     print(json_output.dumps({"checkpoint": result.checkpoint_dir, **result.metrics, "timings": result.timings}))
     return 0

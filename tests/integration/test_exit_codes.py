@@ -1,0 +1,53 @@
+"""Every command exits 2, with one line naming the bad file or folder, when what it was given is
+wrong (README "Exit codes"); before, curate, rollout, train, bootstrap, ask and lineage said 1, the
+code for "the work failed", so a script could not tell a typo from a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workflows.cli import main
+from workflows.exit_codes import BAD_INPUT
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY = REPO / "assets" / "policies" / "tiny-addsub30"
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    not_a_shard = tmp_path / "notes.parquet"
+    not_a_shard.write_text("not parquet\n")
+    no_layout = tmp_path / "rows.jsonl"
+    no_layout.write_text('{"colour": "red"}\n')
+    return {"missing": tmp_path / "missing.jsonl", "not_a_shard": not_a_shard, "no_layout": no_layout,
+            "empty": tmp_path / "empty", "out": tmp_path / "out"}
+
+
+CASES = {
+    "curate, a missing file": (["curate", "{missing}", "--out", "{out}"], "{missing}"),
+    "curate, rows of no known layout": (["curate", "{no_layout}", "--out", "{out}"], "{no_layout}"),
+    "rollout, a file that is no shard": (["rollout", str(POLICY), "{not_a_shard}", "--out", "{out}/r.parquet"],
+                                         "{not_a_shard}"),
+    "train, a file that is no shard": (["train", str(POLICY), "{not_a_shard}", "--step", "1", "--out", "{out}"],
+                                       "{not_a_shard}"),
+    "train, a folder that is no checkpoint": (["train", "{empty}", "{not_a_shard}", "--step", "1", "--out", "{out}"],
+                                              "{empty}"),
+    "eval, rows of no known layout": (["eval", str(POLICY), "{no_layout}", "--out", "{out}/e.parquet"], "{no_layout}"),
+    "ask, a folder that is no checkpoint": (["ask", "{empty}", "3+4"], "{empty}"),
+    "lineage, a folder that is no run": (["lineage", "{empty}", "--step", "1"], "{empty}"),
+    "bootstrap, an unknown setting": (["bootstrap", "--out", "{out}", "--set", "no_such_field=1"], "no_such_field"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_exits_2_naming_it(case: str, files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    files["empty"].mkdir()
+    argv, named = CASES[case]
+    code = main([arg.format(**files) for arg in argv])
+    err = capsys.readouterr().err
+    assert code == BAD_INPUT, (code, err[-2000:])
+    assert named.format(**files) in err, err[-2000:]
+    assert "Traceback" not in err
+    assert not files["out"].exists()  # nothing written
