@@ -48,10 +48,12 @@ LOGPROBS_MODE = "raw_logprobs"
 # to max_model_len when that is larger, since CPU engines prefill each prompt whole.
 CPU_MAX_NUM_BATCHED_TOKENS = 4096
 # Requests handed to the engine at once (``generate``'s chunks) and sequences it schedules together:
-# equal, so a chunk runs as one wave. vLLM's 256 split the main job's 384-request round (48 prompts x
-# G=8) into two waves, each paying the scheduler's per-step cost: one wave takes 11% less time, with
-# the same samples (benchmarks/RESULTS.md).
-MAX_NUM_SEQS = 512
+# equal, so a chunk runs as one wave, each wave paying the scheduler's cost per decoding step. The
+# main job's round is 96 prompts x G=8 = 768 requests: one wave of 1,024 takes 4% less time than
+# waves of 512 and 256, with the same samples (vLLM's 256 had split the earlier 384-request round:
+# one wave then took 11% less; benchmarks/RESULTS.md). The tiny policy's KV cache for 1,024 sequences
+# of 64 tokens is ~0.2 GB, within the default 1 GiB.
+MAX_NUM_SEQS = 1024
 
 
 @dataclass(frozen=True)
