@@ -138,7 +138,7 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
 
 
 def _shard_examples(
-    train_paths: list[str], test_paths: list[str], eval_problems: int
+    train_paths: list[str], test_paths: list[str], eval_problems: int, max_check_lines: int
 ) -> tuple[list[tuple[str, str]], list[tuple[str, int]], list[str]]:
     """(prompt, worked solution) pairs from train Problem shards, (prompt, answer) from test ones,
     and the problem ids of the train pairs.
@@ -147,7 +147,7 @@ def _shard_examples(
     skipped. No usable row at all is an error naming the files.
     """
     import schemas
-    from readers.synthetic import parse_terms, worked_solution
+    from readers.synthetic import check_line_count, parse_terms, worked_solution
 
     def usable(paths: list[str]) -> list[dict[str, Any]]:
         rows = []
@@ -164,7 +164,8 @@ def _shard_examples(
         raise BootstrapError(f"no synthetic arithmetic problems to warm up on in train shards {train_paths}")
     if not test_rows:
         raise BootstrapError(f"no synthetic arithmetic problems to check accuracy on in test shards {test_paths}")
-    train = [(r["prompt"], worked_solution(r["problem"])) for r in train_rows]
+    train = [(r["prompt"], worked_solution(r["problem"], check_line_count(r["problem"], max_check_lines)))
+             for r in train_rows]
     heldout = [(r["prompt"], int(r["answer"])) for r in test_rows[:eval_problems]]
     return train, heldout, [r["problem_id"] for r in train_rows]
 
@@ -176,7 +177,7 @@ def _synthetic_examples(config: BootstrapConfig) -> tuple[list[tuple[str, str]],
     difficulty = dict(min_terms=config.min_terms, max_terms=config.max_terms, max_operand=config.max_operand)
     train_problems = draw_problems(random.Random(config.seed), config.synthetic_train_problems, split="train", **difficulty)
     test_problems = draw_problems(random.Random(config.seed + 1), config.eval_problems, split="test", **difficulty)
-    train, _ = synthetic_examples(train_problems)
+    train, _ = synthetic_examples(train_problems, config.max_check_lines)
     _, heldout = synthetic_examples(test_problems)
     return train, heldout, [problem_id(text) for text, _ in train_problems]
 
@@ -205,7 +206,7 @@ def _warm_up_examples(
     """(prompt, worked solution) training pairs, (prompt, answer) held-out pairs and the training
     pairs' problem ids: from the Problem shards when given, else drawn synthetic problems."""
     if train_paths:
-        return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems)
+        return _shard_examples(list(train_paths), list(test_paths or []), config.eval_problems, config.max_check_lines)
     return _synthetic_examples(config)
 
 

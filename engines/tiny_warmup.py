@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from engines import work_progress
 from engines.tiny_policy import render_prompt
-from readers.synthetic import make_problem, worked_solution
+from readers.synthetic import check_line_count, make_problem, worked_solution
 
 _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)\s*$")
 
@@ -137,10 +137,12 @@ class WarmupResult:
 
 
 def synthetic_examples(
-    problems: list[tuple[str, int]],
+    problems: list[tuple[str, int]], max_check_lines: int = 0,
 ) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
-    """(prompt, worked solution) training pairs and (prompt, answer) eval pairs for problems."""
-    pairs = [(render_prompt(text), worked_solution(text)) for text, _ in problems]
+    """(prompt, worked solution) training pairs and (prompt, answer) eval pairs for problems; each
+    solution carries 0..``max_check_lines`` check lines (readers/synthetic.py)."""
+    pairs = [(render_prompt(text), worked_solution(text, check_line_count(text, max_check_lines)))
+             for text, _ in problems]
     return pairs, [(render_prompt(text), answer) for text, answer in problems]
 
 

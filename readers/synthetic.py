@@ -5,10 +5,16 @@ signed integer terms ("37+5-18"); its worked solution adds the terms one at a ti
 partial result, then ends with the DAPO answer line ("Answer: 24"). The number of terms sets both
 the difficulty and the length of the worked solution, so a tight response-length cap really
 truncates the long ones (what overlong filtering and soft punishment act on, paper sec. 3.4).
+
+A worked solution may also restate its last line a few times before the answer ("check lines",
+as long reasoning re-verifies a result it already has): the count is a hash of the problem text,
+so a policy warmed up on them cannot predict it from the problem and samples it, and its
+responses vary widely in length at the same difficulty (configs/ablation-checks.yaml).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 
@@ -43,10 +49,19 @@ def parse_terms(problem_text: str) -> list[int]:
     return terms
 
 
-def worked_solution(problem_text: str) -> str:
+def check_line_count(problem_text: str, max_check_lines: int) -> int:
+    """How many check lines ``problem_text``'s worked solution carries: 0..``max_check_lines``,
+    uniform over problems, fixed by a hash of the text (not by any random stream)."""
+    if max_check_lines < 0:
+        raise ValueError(f"max_check_lines must be >= 0, got {max_check_lines}")
+    return int(hashlib.sha256(problem_text.encode()).hexdigest()[:8], 16) % (max_check_lines + 1)
+
+
+def worked_solution(problem_text: str, check_lines: int = 0) -> str:
     """The step-by-step response for a problem, ending with the DAPO answer line.
 
-    ``"37+5-18"`` -> ``"37+5=42\\n42-18=24\\nAnswer: 24"``: one line per partial sum.
+    ``"37+5-18"`` -> ``"37+5=42\\n42-18=24\\nAnswer: 24"``: one line per partial sum; with
+    ``check_lines=2`` the last one is restated twice before the answer line.
     """
     terms = parse_terms(problem_text)
     total = terms[0]
@@ -55,5 +70,6 @@ def worked_solution(problem_text: str) -> str:
         new_total = total + term
         lines.append(f"{total}{term:+d}={new_total}")
         total = new_total
+    lines.extend([lines[-1]] * check_lines)
     lines.append(f"Answer: {total}")
     return "\n".join(lines)

@@ -30,6 +30,7 @@ class BootstrapConfig:
     min_terms: int = 2
     max_terms: int = 2
     max_operand: int = 20
+    max_check_lines: int = 0  # warm-up solutions restate their last line 0..N times (readers/synthetic.py: check lines)
     synthetic_train_problems: int = 4096
     cpu_threads: int = 0  # torch threads for the warm-up; 0 = all cores this process may use
 
@@ -50,6 +51,7 @@ class BootstrapConfig:
             "min_terms": (self.min_terms >= 1, "must be >= 1"),
             "max_terms": (self.max_terms >= self.min_terms, f"must be >= min_terms={self.min_terms}"),
             "max_operand": (self.max_operand >= 1, "must be >= 1"),
+            "max_check_lines": (self.max_check_lines >= 0, "must be >= 0"),
             "synthetic_train_problems": (self.synthetic_train_problems >= 1, "must be >= 1"),
             "cpu_threads": (self.cpu_threads >= 0, "must be >= 0 (0 = all cores)"),
         })

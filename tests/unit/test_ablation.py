@@ -52,7 +52,7 @@ def test_last_rung_is_the_config_file(base) -> None:
     assert last.to_dict() == base.to_dict()
 
 
-@pytest.mark.parametrize("name", ["ablation-addsub.yaml", "ablation-tiny.yaml"])
+@pytest.mark.parametrize("name", ["ablation-addsub.yaml", "ablation-checks.yaml", "ablation-tiny.yaml"])
 def test_the_shipped_ladder_configs_are_their_own_last_rung(name: str) -> None:
     config = load_config(REPO / "configs" / name)
     check_ladder_ends_at(config)

@@ -1,5 +1,6 @@
 """Run configs: YAML -> stage dataclasses, --set overrides, and errors that name the field."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,24 @@ def test_the_default_configs_are_found_from_any_working_folder(tmp_path: Path, m
         args = build_parser([command]).parse_args([command])
         assert Path(args.config) == REPO / "configs" / name
         load_config(args.config)
+
+
+def test_a_shipped_policy_was_made_by_the_bootstrap_section_of_the_configs_that_import_it() -> None:
+    # Each config that imports assets/policies/NAME says its own bootstrap section (with source: tiny)
+    # makes it again; the policy's lineage records the warm-up's settings, so they must be the section's.
+    from dataclasses import asdict
+
+    from settings.bootstrap import BootstrapConfig
+
+    checked = []
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        section = load_config(path).bootstrap
+        if not section.source.startswith("shipped:"):
+            continue
+        name = section.source.removeprefix("shipped:")
+        lineage = json.loads((REPO / "assets" / "policies" / name / "dapo_checkpoint.json").read_text())["inputs"]
+        made_with = {**asdict(BootstrapConfig()), **lineage["config"]}  # fields added since: their defaults
+        expected = {**asdict(section), "source": "tiny", "link_import": False}
+        assert made_with == expected, (path.name, {k: (made_with[k], v) for k, v in expected.items() if made_with[k] != v})
+        checked.append((path.name, name))
+    assert ("ablation-checks.yaml", "tiny-addsub30-checks") in checked and ("tiny-cpu.yaml", "tiny-addsub30") in checked

@@ -14,7 +14,7 @@ from workflows.config import load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["tiny-cpu.yaml", "ablation-addsub.yaml", "ablation-tiny.yaml"])
+@pytest.mark.parametrize("name", ["tiny-cpu.yaml", "ablation-addsub.yaml", "ablation-checks.yaml", "ablation-tiny.yaml"])
 def test_a_shipped_round_fits_one_wave(name: str) -> None:
     config = load_config(REPO / "configs" / name)
     requests = config.run.prompts_per_round * config.rollout.samples_per_prompt

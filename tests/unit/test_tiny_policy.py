@@ -90,6 +90,23 @@ def test_max_solution_tokens_bounds_real_solutions() -> None:
     assert len(worked_solution("20-20")) + 1 <= 23
 
 
+def test_check_lines_restate_the_last_line_a_hashed_number_of_times() -> None:
+    from readers.synthetic import check_line_count, worked_solution
+
+    assert worked_solution("37+5-18", 2) == "37+5=42\n42-18=24\n42-18=24\n42-18=24\nAnswer: 24"
+    assert worked_solution("37+5-18", 0) == worked_solution("37+5-18") == "37+5=42\n42-18=24\nAnswer: 24"
+    texts = [f"{a}+{b}" for a in range(1, 31) for b in range(1, 31)]
+    counts = [check_line_count(t, 4) for t in texts]
+    assert [counts.count(k) for k in range(5)] == [190, 151, 211, 174, 174]  # 0..4, about uniform
+    assert check_line_count("37+5", 4) == 3 and check_line_count("28-1", 4) == 0  # a hash of the text: pinned
+    assert {check_line_count(t, 0) for t in texts} == {0}
+    import random
+
+    problems = tiny_warmup.draw_problems(random.Random(0), 32, split="train", min_terms=2, max_terms=2, max_operand=30)
+    train, _ = tiny_warmup.synthetic_examples(problems, max_check_lines=4)
+    assert [r.count("\n") - 1 for _, r in train] == [check_line_count(t, 4) for t, _ in problems]
+
+
 def test_warm_up_reduces_loss_and_stops_in_band() -> None:
     torch.manual_seed(0)
     tok = tiny_policy.build_tokenizer()
