@@ -11,10 +11,11 @@ while step N trains), with every group's policy lag one step more.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dapo_core.sampling import DynamicSamplingExhaustedError
@@ -31,6 +32,7 @@ from workflows.step_simulation import (
 def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str]) -> None:
     """Assert every promise of the loop over one run's plans (in step order)."""
     carried_in: list[str] = []
+    blocked_steps: dict[str, int] = {}  # problem -> steps it entered live (carried in): none of its draws
     trained: set[str] = set()
     draws_of: dict[str, list[int]] = {}  # problem -> the epochs its draws served, in order
     # A carried surplus group ages by at most this many steps; a pipelined step's fresh groups are
@@ -41,6 +43,8 @@ def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str])
         result = plan.result
         drawn = [pid for ids in plan.requests for pid in ids]
         live = carried_in + drawn
+        for pid in carried_in:
+            blocked_steps[pid] = blocked_steps.get(pid, 0) + 1
         assert len(set(live)) == len(live), f"step {plan.step}: a problem twice in one step"
         assert all(len(ids) == loop.prompts_per_round for ids in plan.requests)
         for pid, epoch in zip(drawn, [e for epochs in plan.request_epochs for e in epochs]):
@@ -66,13 +70,18 @@ def check_invariants(plans: list[StepPlan], loop: LoopSettings, pool: list[str])
     for pid, epochs in draws_of.items():
         assert epochs == list(range(len(epochs))), (pid, epochs)
     # ... and an epoch is complete before the one after the next begins, except for a problem held
-    # back as surplus: it cannot be drawn while live, for up to ``lag_bound`` steps, and the epochs
-    # the other problems pass meanwhile (none where a step draws far less than the pool, as in every
-    # real config; several where the pool is barely larger than one step) are behind it.
+    # back as surplus: it cannot be drawn in a step it enters live, and the epochs the other problems
+    # pass in such steps (none where a step draws far less than the pool, as in every real config;
+    # up to ~1 a step where the pool is barely larger than one step) are behind it. In a step it
+    # enters free it is drawn at most once, as its oldest entry (deferred entries stay in front),
+    # while at most one epoch passes, so it does not fall further behind there. Its lag therefore
+    # grows with the steps it entered live over the whole run, not with one carry's length.
     last = max((e for epochs in draws_of.values() for e in epochs), default=-1)
-    counts = [len(draws_of.get(pid, [])) for pid in pool]
-    held_back_epochs = lag_bound * loop.max_rounds * loop.prompts_per_round // max(1, len(pool) - 1)
-    assert min(counts) >= last - 1 - held_back_epochs, (min(counts), last, held_back_epochs)
+    per_step_epochs = loop.max_rounds * loop.prompts_per_round / max(1, len(pool) - 1)
+    for pid in pool:
+        held_back_epochs = math.ceil(blocked_steps.get(pid, 0) * per_step_epochs)
+        count = len(draws_of.get(pid, []))
+        assert count >= last - 1 - held_back_epochs, (pid, count, last, blocked_steps.get(pid, 0), held_back_epochs)
 
 
 def check_resume_equals_uninterrupted(loop: LoopSettings, rates: dict[str, float], group: int, data: st.DataObject) -> None:
@@ -128,8 +137,25 @@ def loop_shapes(draw: st.DrawFn) -> tuple[LoopSettings, dict[str, float], int]:
     return loop, rates, draw(st.integers(2, 8))
 
 
+# Found by hypothesis (2026-11-27): a pool barely larger than a round (20 problems, 16 drawn a step)
+# whose problem q00000 was carried in on several steps fell 4 epochs behind, past a bound that allowed
+# one carry's worth; the bound now counts every step a problem entered live.
+_BEHIND_AFTER_MANY_CARRIES = (
+    LoopSettings(steps=16, prompts_per_step=5, prompts_per_round=16, max_rounds=1, on_max_rounds="train_on_partial",
+                 seed=282, pipelined=False),
+    dict(zip([f"q{i:05d}" for i in range(20)], [
+        0.996957760042845, 0.5207844617635058, 0.0002022266603628921, 0.0018642628349403276, 0.9997423467796966,
+        0.560532537068785, 0.006681537698657982, 0.16786615336463587, 7.882368850773802e-06, 0.6216366709417119,
+        0.1272026904354096, 2.1237556145600215e-05, 0.0979488943131452, 0.5546703220405464, 0.6729415445942059,
+        2.704348248249303e-05, 0.00024291290143409476, 0.20478929032507015, 0.008760101017343508,
+        0.6432360020915535])),
+    6,
+)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=loop_shapes())
+@example(shape=_BEHIND_AFTER_MANY_CARRIES)
 def test_every_simulated_run_keeps_the_loop_promises(shape: tuple[LoopSettings, dict[str, float], int]) -> None:
     loop, rates, group = shape
     plans, _, error = run_checked(loop, rates, group)
