@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import handoff, sizing
+from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Importing the driver imports every task module; the rest are listed so none is missed.
@@ -63,6 +64,10 @@ class DeployError(RuntimeError):
     """Deployment cannot go on; the message names the module, environment, task or field."""
 
 
+class DeployInputError(DeployError):
+    """What the command was given is wrong (an option, the config, a checkpoint); exit code 2."""
+
+
 # ----------------------------------------------------------------------------- sizing a config
 
 
@@ -74,14 +79,14 @@ def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture |
 
     if model:
         if model.lower() not in KNOWN_ARCHITECTURES:
-            raise DeployError(f"--model {model!r}: known architectures are {sorted(KNOWN_ARCHITECTURES)}")
+            raise DeployInputError(f"--model {model!r}: known architectures are {sorted(KNOWN_ARCHITECTURES)}")
         return KNOWN_ARCHITECTURES[model.lower()]
     if source == "tiny" or source.startswith(SHIPPED_PREFIX):
         return None
     for name, arch in KNOWN_ARCHITECTURES.items():
         if name in source.lower():
             return arch
-    raise DeployError(
+    raise DeployInputError(
         f"bootstrap.source {source!r}: no known architecture in its name; pass --model one of {sorted(KNOWN_ARCHITECTURES)}"
     )
 
@@ -149,7 +154,7 @@ def import_module(name_or_path: str) -> Any:
             path = Path(name_or_path).resolve()
             spec = importlib.util.spec_from_file_location(path.stem, path)
             if spec is None or spec.loader is None:
-                raise DeployError(f"{path}: not a Python module")
+                raise DeployInputError(f"{path}: not a Python module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[path.stem] = module
             spec.loader.exec_module(module)
@@ -317,7 +322,7 @@ def serving_environment(checkpoint: str, plan_env: dict[str, Any]) -> Any:
     from workflows.policy_source import locate_checkpoint, run_config, run_folder_of
 
     if not run_store.is_remote(checkpoint):
-        raise DeployError(f"--serve {checkpoint}: the serving app streams the checkpoint from the object store; "
+        raise DeployInputError(f"--serve {checkpoint}: the serving app streams the checkpoint from the object store; "
                           "pass its URI (s3://..., gs://..., abfs://...)")
     try:
         source = locate_checkpoint(checkpoint)
@@ -328,7 +333,7 @@ def serving_environment(checkpoint: str, plan_env: dict[str, Any]) -> Any:
         settings = rollout.engine_settings(config, config.max_model_len or rollout.model_max_positions(source))
         model_id = checkpoints.read_info(source).checkpoint_id
     except (checkpoints.CheckpointError, FileNotFoundError, ValueError) as err:
-        raise DeployError(f"--serve {checkpoint}: {err}") from err
+        raise DeployInputError(f"--serve {checkpoint}: {err}") from err
     return serving_app(model_path=source, model_id=model_id, engine_flags=serving.engine_flags(settings, on_cpu=False),
                        gpus=tensor_parallel)
 
@@ -392,7 +397,7 @@ def _deploy(args: argparse.Namespace) -> int:
         try:
             config = load_config(args.config, args.set)
         except (ConfigError, ValueError) as err:
-            raise DeployError(f"config: {err}") from err
+            raise DeployInputError(f"config: {err}") from err
         plan, plan_env = resolve_plan(config, args)
         print(f"config {args.config}: valid (digest {config.digest()})")
     # Set before anything imports infra.environments: the environments are built from these.
@@ -412,7 +417,7 @@ def _deploy(args: argparse.Namespace) -> int:
                    image_builder="local")
     else:
         if not args.flyte_config:
-            raise DeployError("registering needs --flyte-config (the backend's config.yaml); or pass --dry-run")
+            raise DeployInputError("registering needs --flyte-config (the backend's config.yaml); or pass --dry-run")
         flyte.init_from_config(args.flyte_config, root_dir=REPO_ROOT)
 
     modules = [import_module(name) for name in (*PIPELINE_MODULES, *args.module)]
@@ -447,7 +452,9 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """``dapo deploy``: exit 0 when every task serialised (or registered), 1 with a message otherwise."""
+    """``dapo deploy``: exit 0 when every task serialised (or registered); otherwise a message and 2 when
+    what it was given is wrong (an option, the config, a checkpoint), 1 when the code is (a module that
+    does not import, a task without Flyte types, a failed registration)."""
     if args.sizing:
         text = sizing.sizing_tables_markdown(sizing.QWEN2_5_32B, gpu_memory_bytes=int(args.gpu_memory_gb * sizing.GB))
         print(text, end="")
@@ -456,6 +463,9 @@ def run_cli(args: argparse.Namespace) -> int:
         return 0
     try:
         return _deploy(args)
-    except (DeployError, ValueError) as err:
+    except (DeployInputError, ValueError) as err:
         print(f"dapo deploy: error: {err}", file=sys.stderr)
-        return 1
+        return BAD_INPUT
+    except DeployError as err:
+        print(f"dapo deploy: error: {err}", file=sys.stderr)
+        return FAILED

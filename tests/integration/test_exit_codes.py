@@ -1,6 +1,6 @@
 """Every command exits 2, with one line naming the bad file or folder, when what it was given is
-wrong (README "Exit codes"); before, curate, rollout, train, bootstrap, ask and lineage said 1, the
-code for "the work failed", so a script could not tell a typo from a crash."""
+wrong (README "Exit codes"); before, curate, rollout, train, bootstrap, ask, lineage and deploy said 1,
+the code for "the work failed", so a script could not tell a typo from a crash."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ CASES = {
     "eval, rows of no known layout": (["eval", str(POLICY), "{no_layout}", "--out", "{out}/e.parquet"], "{no_layout}"),
     "ask, a folder that is no checkpoint": (["ask", "{empty}", "3+4"], "{empty}"),
     "lineage, a folder that is no run": (["lineage", "{empty}", "--step", "1"], "{empty}"),
+    "deploy, an unknown --model": (["deploy", "--dry-run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
+                                     "--model", "no-such-model"], "no-such-model"),
     "bootstrap, an unknown setting": (["bootstrap", "--out", "{out}", "--set", "no_such_field=1"], "no_such_field"),
 }
 
