@@ -86,15 +86,14 @@ def warmup_problem_ids(checkpoint_dir: str | Path) -> set[str] | None:
     return None
 
 
-def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: bool = False) -> Path:
-    """Publish a local HF model folder as the step-0 checkpoint at ``out_dir``.
-
-    Files are copied (or symlinked with ``link``: fast for large models, but the checkpoint then
-    depends on the source staying in place). The checkpoint id digests the weight files.
-    """
+def check_import_folder(source_dir: str | Path) -> Path:
+    """The local HF model folder ``source_dir``, resolved, once it holds what an import needs
+    (``config.json``, ``*.safetensors`` weights, tokenizer files); a :class:`BootstrapError` naming
+    the folder and what it lacks otherwise."""
     source_dir = Path(source_dir).expanduser().resolve()
     if not source_dir.is_dir():
-        raise BootstrapError(f"bootstrap source {source_dir}: not a folder")
+        raise BootstrapError(f"bootstrap source {source_dir}: not a folder (bootstrap.source is 'tiny', "
+                             "'shipped:NAME', a local HF model folder or an object-store URI)")
     missing = [name for name in _REQUIRED_IMPORT_FILES if not (source_dir / name).is_file()]
     if missing:
         raise BootstrapError(f"bootstrap source {source_dir}: not an HF model folder (missing {missing})")
@@ -102,6 +101,16 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
         raise BootstrapError(f"bootstrap source {source_dir}: no *.safetensors weights (convert .bin weights first)")
     if not (source_dir / "tokenizer.json").is_file() and not (source_dir / "tokenizer_config.json").is_file():
         raise BootstrapError(f"bootstrap source {source_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    return source_dir
+
+
+def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: bool = False) -> Path:
+    """Publish a local HF model folder as the step-0 checkpoint at ``out_dir``.
+
+    Files are copied (or symlinked with ``link``: fast for large models, but the checkpoint then
+    depends on the source staying in place). The checkpoint id digests the weight files.
+    """
+    source_dir = check_import_folder(source_dir)
     out_dir = Path(out_dir)
     if checkpoints.is_complete(out_dir):
         info = checkpoints.read_info(out_dir)
@@ -312,9 +321,11 @@ def policy_tokenizer_folder(source: str, scratch: Path) -> Path:
         (scratch / "config.json").write_text(json.dumps(config) + "\n")
         return scratch
     if not run_store.is_remote(source):
-        return Path(source).expanduser().resolve()
+        return check_import_folder(source)  # a missing or incomplete folder is refused here, not after the warm-up
     for name in ("config.json", *checkpoints.TOKENIZER_FILES):  # the context length and the tokenizer, no weights
         remote = run_store.join(source, name)
         if run_store.exists(remote):
             shutil.copyfile(run_store.fetch(remote), scratch / name)
+    if not (scratch / "config.json").is_file():
+        raise BootstrapError(f"bootstrap source {source}: no config.json there (not an HF model folder)")
     return scratch

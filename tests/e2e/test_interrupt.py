@@ -128,19 +128,29 @@ def test_a_prompt_too_long_for_the_context_stops_the_run_after_curation(tmp_path
     print(f"refused after {time.monotonic() - started:.1f} s (curation only)")
 
 
-def test_a_failing_stage_prints_its_traceback_and_names_the_log_file(tmp_path: Path) -> None:
-    # A policy folder that does not exist: the driver fails reading its config.json right after
-    # curation (a code path with no one-line user error), within seconds.
+def test_a_bootstrap_source_folder_that_does_not_exist_is_refused_in_one_line_after_curation(tmp_path: Path) -> None:
+    # Before, the driver failed reading the folder's config.json: a traceback and exit 1, as for a crash.
     missing = tmp_path / "no-such-model"
     proc = subprocess.run(_args(tmp_path, f"bootstrap.source={missing}"), cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"dapo run: bootstrap source {missing}: not a folder"), last
+    assert not Path(RunLayout(tmp_path / "intr").checkpoint(0)).exists()
+
+
+def test_a_failing_stage_prints_its_traceback_and_names_the_log_file(tmp_path: Path) -> None:
+    # An engine that cannot start (here: vLLM's KV-cache size in the environment is not a number) fails
+    # the step-0 evaluation, a code path with no one-line user error.
+    env = {**_env(), "VLLM_CPU_KVCACHE_SPACE": "lots"}
+    proc = subprocess.run(_args(tmp_path), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     err = proc.stderr
     # The traceback of the task that failed, down to the frame that raised, reaches the terminal...
-    assert "Traceback (most recent call last)" in err and "in model_max_positions" in err, err[-3000:]
-    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}/config.json'" in err, err[-3000:]
+    assert "Traceback (most recent call last)" in err, err[-3000:]
+    assert "in create_engine_config" in err and "invalid literal for int() with base 10: 'lots'" in err, err[-3000:]
     # ...with the log file that holds the rest (Flyte's own error log lines are there, not here).
     log = tmp_path / "intr" / "logs" / "dapo.log"
     assert err.rstrip().splitlines()[-1] == f"dapo run: full log: {log}", err[-3000:]
     assert "Task failed with error" not in proc.stdout + err and "Task failed with error" in log.read_text()
-    assert proc.stdout.splitlines() == ["[run] curation ..."], proc.stdout

@@ -13,7 +13,7 @@ from dapo_core.answers import problem_id
 from engines import policy_bootstrap as bs
 from engines import tiny_policy
 from readers.synthetic import make_problem
-from storage import checkpoints
+from storage import checkpoints, run_store
 from workflows.commands import bootstrap as bootstrap_cli
 
 FAST = dict(num_layers=1, hidden_size=64, batch_size=16, eval_every_steps=5, eval_problems=8, cpu_threads=1)
@@ -65,6 +65,22 @@ def test_import_local_model_copy_and_link(tmp_path: Path) -> None:
     assert a.checkpoint_id == b.checkpoint_id  # same weights, same id
     assert (linked / "model.safetensors").is_symlink() and not (copied / "model.safetensors").is_symlink()
     assert a.inputs["source"] == str(source.resolve())
+
+
+
+def test_the_early_tokenizer_check_refuses_a_source_the_import_would_refuse(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The driver reads the source's tokenizer and context right after curation; a folder that is missing
+    # or holds no model was a FileNotFoundError traceback there (exit 1) instead of the import's one line.
+    with pytest.raises(bs.BootstrapError, match=f"bootstrap source {tmp_path / 'none'}: not a folder"):
+        bs.policy_tokenizer_folder(str(tmp_path / "none"), tmp_path)
+    source = tiny_policy.build_random_checkpoint(tmp_path / "hf-model", seed=3)
+    (source / "model.safetensors").unlink()
+    with pytest.raises(bs.BootstrapError, match="no \\*.safetensors weights"):
+        bs.policy_tokenizer_folder(str(source), tmp_path)
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "mirror"))
+    with pytest.raises(bs.BootstrapError, match="bootstrap source memory://dapo-test/no-model: no config.json"):
+        bs.policy_tokenizer_folder("memory://dapo-test/no-model", tmp_path / "scratch")
 
 
 def test_the_warm_up_problems_are_recorded_and_survive_an_import(tmp_path: Path) -> None:
