@@ -40,6 +40,11 @@ class RolloutError(RuntimeError):
     """Bad rollout input (missing problem, prompt too long, bad checkpoint); names what and where."""
 
 
+class EngineOutputError(RuntimeError):
+    """The engine returned what a rollout cannot record (no log-prob per sampled token, an unknown
+    finish reason): an engine fault, not bad input, so the commands report it as a failure (exit 1)."""
+
+
 class PromptTooLongError(RolloutError):
     """A prompt of the pool does not fit the model's context with the response cap (a config/input error)."""
 
@@ -248,7 +253,7 @@ def sampled_log_probs(logprobs: Any, token_ids: list[int], *, problem: str) -> l
     one_per_position = (isinstance(logprobs, FlatLogprobs) and logprobs.token_ids == token_ids
                         and logprobs.end_indices == list(range(1, len(token_ids) + 1)))
     if not one_per_position:
-        raise RolloutError(f"problem {problem}: engine returned no log-prob per sampled token")
+        raise EngineOutputError(f"problem {problem}: engine returned no log-prob per sampled token")
     return list(logprobs.logprobs)
 
 
@@ -331,7 +336,8 @@ def _rollout_rows(
     rows = []
     for r in sorted(results, key=lambda r: (r["problem_id"], r["sample_index"])):
         if r["finish_reason"] not in ("stop", "length"):
-            raise RolloutError(f"problem {r['problem_id']} sample {r['sample_index']}: finish reason {r['finish_reason']!r}")
+            raise EngineOutputError(f"problem {r['problem_id']} sample {r['sample_index']}: "
+                                   f"finish reason {r['finish_reason']!r}")
         rows.append(
             {
                 "rollout_id": make_rollout_id(r["problem_id"], generation_round, r["sample_index"], checkpoint_id, seed),

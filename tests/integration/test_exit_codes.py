@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workflows.cli import main
-from workflows.exit_codes import BAD_INPUT
+from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "assets" / "policies" / "tiny-addsub30"
@@ -53,3 +53,19 @@ def test_bad_input_exits_2_naming_it(case: str, files: dict[str, Path], capsys: 
     assert named.format(**files) in err, err[-2000:]
     assert "Traceback" not in err
     assert not files["out"].exists()  # nothing written
+
+
+def test_an_engine_fault_in_ask_exits_1_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # What the engine returned, not what the user gave: before, `dapo ask` said 2 ("bad input") for it.
+    from engines.rollout import EngineOutputError
+    from workflows.commands import ask
+
+    def engine_fault(*args: object, **kwargs: object) -> None:
+        raise EngineOutputError("problem p1 sample 0: finish reason 'abort'")
+
+    monkeypatch.setattr(ask, "generate_rollouts", engine_fault)
+    code = main(["ask", str(POLICY), "3+4"])
+    err = capsys.readouterr().err
+    assert code == FAILED, (code, err[-2000:])
+    assert "Traceback" in err and "finish reason 'abort'" in err, err[-2000:]
