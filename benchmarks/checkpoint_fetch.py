@@ -15,7 +15,6 @@ what a real bucket would send.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 from tests import s3_server  # noqa: E402
 
 
@@ -83,9 +83,7 @@ def main() -> int:
         "cpu": cpu_model(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

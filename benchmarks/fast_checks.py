@@ -11,7 +11,6 @@ what ``validate_table`` ran before) and ``fast_checks.passes`` (what it runs fir
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -79,9 +79,7 @@ def main() -> int:
         print(f"{r['shard']:20s} {r['model']:14s} {r['rows']:5d} {r['pandera_ms']:11.1f} {r['fast_ms']:8.2f}")
     print(f"{'all six':41s} {result['total_pandera_ms']:11.1f} {result['total_fast_ms']:8.2f}   "
           f"load {result['load_average_before']} -> {result['load_average_after']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from result_file import write_result  # (benchmarks/result_file.py)
+
 REPO = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
@@ -66,8 +68,7 @@ def main() -> int:
     result = {"config": vars(args), "logits_mib": logits_mib, "rows": rows, "gradients_agree": same,
               "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     out_path = REPO / "benchmarks" / "results" / "logprob_memory.json"
-    out_path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out_path}")
+    write_result(out_path, result)
     return 0
 
 

@@ -50,6 +50,7 @@ from typing import Self
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 from scratch import scratch_dir  # noqa: E402  (benchmarks/scratch.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -314,9 +315,7 @@ def _run_seeds(args: argparse.Namespace, run_root: Path) -> int:
         "pipeline_seconds": {"median": statistics.median(secs), "max": max(secs)},
         "steady_from": args.steady_from, "step_time_over_seeds": shares,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 
@@ -390,9 +389,7 @@ def run_once(args: argparse.Namespace, run_root: Path) -> int:
     if steps:
         print(f"{'first step: worker group start / load (s)':44s} {steps[0]['worker_group_start_s']:.1f} / "
               f"{steps[0]['worker_load_s']:.1f}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

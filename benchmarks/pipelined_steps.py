@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]
 # mode -> (run.pipelined, OMP_NUM_THREADS for the whole run or None = the run's own choice).
@@ -153,9 +154,7 @@ def main() -> int:
     for mode, m in by_mode.items():
         print(f"{mode:12s} mean {m['steps_per_min']:10.2f} {'':8s} {m['accuracy_before']:10.3f} {m['accuracy_after']:10.3f}")
     print(f"pipelined / sync steps/min per seed: {result['speedup_per_seed']}  (CPU: {result['cpu_model']}, {os.cpu_count()} cores)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

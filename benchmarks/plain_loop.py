@@ -47,6 +47,7 @@ from engines import train_batch as tb  # noqa: E402
 from engines.rollout import generate_rollouts  # noqa: E402
 from engines.train_engine import forward_log_probs  # noqa: E402
 from settings.rollout import RolloutConfig  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 
 def _problems(folder: Path, split: str) -> list[dict]:
@@ -188,7 +189,7 @@ def main() -> int:
     result = {"args": vars(args), "load": os.getloadavg(), "history": history,
               "seconds": round(time.perf_counter() - started, 1)}
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.out, result)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

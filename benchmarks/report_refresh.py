@@ -28,6 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.report_data import run_data  # noqa: E402
 from workflows.report import write_report  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 
 def time_refresh(steps: int, repeats: int) -> dict[str, float]:
@@ -77,8 +78,8 @@ def main() -> int:
         result["run"] = {"run_dir": args.run_dir, "step_median_s": step_s, "refresh_median_s": own,
                          "refresh_share_of_step": own / step_s}
         print(f"run {args.run_dir}: step median {step_s:.1f} s, refresh {own * 1000:.1f} ms = {own / step_s:.3%} of a step")
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}  ({result['machine']})")
+    write_result(args.out, result)
+    print(f"machine: {result['machine']}")
     return 0
 
 

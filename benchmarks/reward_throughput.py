@@ -19,7 +19,6 @@ Writes benchmarks/results/reward_throughput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -33,6 +32,7 @@ from dapo_core.rewards import (
     summarize_verdicts,
 )
 from engines.verifier_pool import process_judge, shutdown_verifier_pool
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data" / "dapo-math-17k.dedup.parquet"
@@ -149,11 +149,7 @@ def main() -> None:
         "rows": rows,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    temp = RESULTS.with_suffix(".json.tmp")
-    temp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(temp, RESULTS)  # never leave a half-written result
-    print(f"wrote {RESULTS.relative_to(REPO)}")
+    write_result(RESULTS, result)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 from scratch import scratch_dir  # noqa: E402  (benchmarks/scratch.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -196,8 +197,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
     print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load (1 min) per "
           f"transformers repeat {[r['load_average'][0] for r in hf_runs]}, per vLLM repeat "
           f"{[r['load_average'][0] for r in runs]}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     return 0
 
 

@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests import s3_server  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 
 def _run(run_root: str, steps: int, env: dict[str, str]) -> float:
@@ -99,8 +100,8 @@ def main() -> int:
     for kind, entry in sorted(results["store"].items()):
         print(f"| {kind} | {entry['objects']} | {entry['bytes'] / 1e6:.2f} |")
     out = REPO / "benchmarks" / "results" / "run_store.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwrote {out.relative_to(REPO)}")
+    print()
+    write_result(out, results)
     return 0
 
 

@@ -17,7 +17,6 @@ steps, epochs of the pool covered; writes benchmarks/results/sampling_plan.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import subprocess
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from workflows.config import load_config  # noqa: E402
 from workflows.step_loop import LoopSettings  # noqa: E402
 from workflows.step_simulation import beta_solve_rates, simulate  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 # (name, Beta a, Beta b, share never solved, share always solved): assumptions, not measurements.
 SCENARIOS = {
@@ -96,9 +96,7 @@ def main() -> None:
     out = {"config": args.config, "pool": args.pool, "steps": args.steps or drv.steps, "group": group,
            "scenarios": {k: dict(zip(("beta_a", "beta_b", "never_solved", "always_solved"), v)) for k, v in SCENARIOS.items()},
            "rows": rows, "commit": commit, "cpu": platform.processor() or platform.machine()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ blocked on the warm worker group, and so on. Steady state is every step after ``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -29,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from scratch import scratch_dir  # (benchmarks/scratch.py)
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -191,9 +191,7 @@ def main() -> int:
     for k, v in result["per_step_s"].items():
         print(f"{k:52s} {v:8.3f} {result['share'][k]:7.1%}")
     out = REPO / "benchmarks" / "results" / f"step_profile-{args.label}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(out, result)
     return 0
 
 

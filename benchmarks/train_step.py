@@ -42,6 +42,7 @@ from engines.tiny_policy import build_random_checkpoint  # noqa: E402
 from engines.train_launch import train_step
 from engines.train_publish import TrainStepResult
 from settings.train import TrainConfig  # noqa: E402
+from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 
 def make_batch(path: Path, *, prompts: int, group: int, vocab: int, prompt_tokens: int, max_response: int,
@@ -153,10 +154,7 @@ def main() -> int:
         "steady_state": summary,
         "results": results,
     }
-    tmp_out = out.with_suffix(".json.tmp")
-    tmp_out.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp_out, out)
-    print(f"wrote {out}")
+    write_result(out, payload)
     return 0
 
 
