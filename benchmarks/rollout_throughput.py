@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 from scratch import scratch_dir  # noqa: E402  (benchmarks/scratch.py)
@@ -100,7 +101,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
 
     cache = {"cache_implementation": "static"} if args.hf_cache == "static" else {}
 
-    def timed_hf() -> tuple[float, int]:
+    def timed_hf(model: Any) -> tuple[float, int]:
         with torch.no_grad():
             started = time.perf_counter()
             out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -114,7 +115,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
     hf_runs = []
     for repeat in range(args.repeats):
         load = [round(x, 2) for x in os.getloadavg()]
-        hf_s, hf_tokens = timed_hf()
+        hf_s, hf_tokens = timed_hf(model)
         hf_runs.append({"repeat": repeat, "load_average": load, "transformers_tokens_per_s": round(hf_tokens / hf_s, 1)})
         print(json.dumps(hf_runs[-1]), flush=True)
     del model
