@@ -67,7 +67,6 @@ def test_import_local_model_copy_and_link(tmp_path: Path) -> None:
     assert a.inputs["source"] == str(source.resolve())
 
 
-
 def test_the_early_tokenizer_check_refuses_a_source_the_import_would_refuse(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # The driver reads the source's tokenizer and context right after curation; a folder that is missing

@@ -160,7 +160,6 @@ def test_a_log_prob_record_of_another_layout_names_the_problem() -> None:
         ro.sampled_log_probs(two, [4, 9], problem="p9")  # two entries at one position
 
 
-
 def test_an_unknown_finish_reason_is_an_engine_fault_naming_the_sample() -> None:
     # An aborted request (or any reason but a stop or the cap) cannot be scored or trained on; it is the
     # engine's fault, not the user's input (RolloutError, exit 2), so it is an EngineOutputError.
@@ -168,6 +167,7 @@ def test_an_unknown_finish_reason_is_an_engine_fault_naming_the_sample() -> None
     with pytest.raises(ro.EngineOutputError, match="problem p1 sample 0: finish reason 'abort'"):
         ro._rollout_rows(results, checkpoint_id="c", seed=0, policy_version=0, generation_round=0)
     assert not issubclass(ro.EngineOutputError, ro.RolloutError)
+
 
 def test_a_changed_chat_template_is_not_served_from_the_tokenizer_kept_for_its_folder(checkpoint: Path, tmp_path: Path) -> None:
     # Tokenizers are kept between rounds, keyed by the tokenizer files' contents: a checkpoint
