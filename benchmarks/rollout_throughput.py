@@ -23,6 +23,13 @@ one's range over the repeats. ``--hf-cache static`` gives transformers a preallo
 (``cache_implementation="static"``) instead of its default growing one, which copies itself at
 every new token: the fairer baseline at long responses.
 
+The run also times the model's matrix products alone at the same shape (``matmul_ceiling``), fused
+as vLLM fuses them (q/k/v, gate/up) and the output projection included: over each distinct
+prompt's tokens once, then over one row per sequence for each further token, each pass the
+fastest of several tries, with torch's GEMM. No engine can generate faster than that, so ``ceiling / transformers`` is the
+largest speedup over transformers this machine allows at this shape, and each engine's share of
+the ceiling says how much of its time goes to anything but matrix products.
+
     .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16] [--repeats 3]
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -118,6 +126,9 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
         hf_s, hf_tokens = timed_hf(model)
         hf_runs.append({"repeat": repeat, "load_average": load, "transformers_tokens_per_s": round(hf_tokens / hf_s, 1)})
         print(json.dumps(hf_runs[-1]), flush=True)
+    ceiling = matmul_ceiling(fused_weights(model), prompt_tokens=sum(map(len, prompt_ids)),
+                             sequences=len(prompts) * args.samples, new_tokens=args.tokens)
+    print(json.dumps({"matmul_ceiling": ceiling}), flush=True)
     del model
 
     from vllm import SamplingParams
@@ -184,6 +195,13 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
                             for k, v in summary(f"vllm_{m}_tokens_per_s", runs).items()} for m in modes},
         "transformers_runs": hf_runs,
         "vllm_runs": runs,
+        "matmul_ceiling": ceiling,
+        "matmul_ceiling_over_transformers": round(ceiling["tokens_per_s"] / hf["median"], 2),
+        "share_of_matmul_ceiling": {
+            "transformers": round(hf["median"] / ceiling["tokens_per_s"], 3),
+            **{f"vllm_{m}": round(statistics.median(r[f"vllm_{m}_tokens_per_s"] for r in runs) / ceiling["tokens_per_s"], 3)
+               for m in modes},
+        },
         "vllm_engine_start_s": round(start_s, 2),
         "vllm_weight_reload_s": [round(s, 3) for s in reload_s],
         "load_average_before": hf_runs[0]["load_average"],
@@ -195,11 +213,54 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
     print(f"{'transformers (' + args.hf_cache + ' cache)':28}{_fmt(result['transformers_tokens_per_s']):>30}")
     for m in modes:
         print(f"{'vLLM ' + m:28}{_fmt(result[f'vllm_{m}_tokens_per_s']):>30}{_fmt(result[f'speedup_{m}'], 2):>28}")
+    print(f"{'matrix products alone':28}{ceiling['tokens_per_s']:>30.1f}"
+          f"{result['matmul_ceiling_over_transformers']:>28.2f}   (the ceiling; shares of it: "
+          + ", ".join(f"{k} {v:.0%}" for k, v in result["share_of_matmul_ceiling"].items()) + ")")
     print(f"engine start {start_s:.2f} s, weight reload {result['vllm_weight_reload_s']} s, load (1 min) per "
           f"transformers repeat {[r['load_average'][0] for r in hf_runs]}, per vLLM repeat "
           f"{[r['load_average'][0] for r in runs]}")
     write_result(args.out, result)
     return 0
+
+
+def fused_weights(model: Any) -> list[torch.Tensor]:
+    """The weight matrices of a Qwen2 decoder step as an engine that fuses them multiplies them:
+    q, k and v as one matrix and gate and up as one (they share their input), o, down, and the output
+    projection. transformers multiplies them one by one, vLLM fused."""
+    weights = []
+    for layer in model.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        weights.append(torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]))
+        weights.append(attention.o_proj.weight)
+        weights.append(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+        weights.append(mlp.down_proj.weight)
+    weights.append(model.lm_head.weight)
+    return [w.detach() for w in weights]
+
+
+def matmul_ceiling(weights: list[torch.Tensor], *, prompt_tokens: int, sequences: int, new_tokens: int,
+                   tries: int = 5) -> dict[str, float]:
+    """The fastest a decoder could generate ``sequences`` x ``new_tokens`` tokens doing nothing but
+    its matrix products with ``weights`` (each ``[out, in]``): one pass over ``prompt_tokens`` rows
+    (the prefill, which samples each sequence's first token; a prompt shared by several samples
+    counted once), then ``new_tokens - 1`` passes over ``sequences`` rows (decoding). Each pass is the
+    fastest of ``tries``; attention, norms, sampling and scheduling cost nothing here.
+    """
+    def fastest_pass_s(rows: int) -> float:
+        inputs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
+        best = math.inf
+        with torch.no_grad():
+            for _ in range(tries):
+                started = time.perf_counter()
+                for w, x in zip(weights, inputs):
+                    torch.nn.functional.linear(x, w)
+                best = min(best, time.perf_counter() - started)
+        return best
+
+    prefill_s, decode_step_s = fastest_pass_s(prompt_tokens), fastest_pass_s(sequences)
+    seconds = prefill_s + (new_tokens - 1) * decode_step_s
+    return {"matrices": len(weights), "prompt_tokens": prompt_tokens, "prefill_s": prefill_s,
+            "decode_step_s": decode_step_s, "seconds": seconds, "tokens_per_s": round(sequences * new_tokens / seconds, 1)}
 
 
 def _fmt(s: dict, digits: int = 1) -> str:
