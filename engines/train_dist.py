@@ -9,6 +9,8 @@ by the step (``engines/train_step.py``) and the process entry points (``engines/
 from __future__ import annotations
 
 import os
+import sys
+from types import ModuleType
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,7 @@ import torch.distributed as dist
 def init_process() -> int:
     """Join the process group torchrun (or an elastic agent) describes; returns this rank."""
     torch.set_flush_denormal(True)  # 3-10x slower small models on CPU without it
-    import deepspeed
+    deepspeed = import_deepspeed()
 
     if torch.cuda.is_available():
         # One GPU per rank, chosen before NCCL creates its communicators on the current device.
@@ -26,6 +28,29 @@ def init_process() -> int:
         skip_shm_comm_build()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank()
+
+
+def import_deepspeed() -> ModuleType:
+    """``import deepspeed``, without the MLflow client DeepSpeed's autotuner would import with it.
+
+    ``import deepspeed`` loads its autotuner (deepspeed/autotuning/autotuner.py), which imports
+    ``mlflow`` whenever it is installed, to log tuning trials; this project never runs the
+    autotuner, and with ``mlflow-skinny`` installed (tracking.mlflow) that import is ~1.3-2 s of every
+    rank's start: each cold launch, and each step of a cluster run, whose ranks start afresh.
+    ``mlflow`` is hidden for the import only (DeepSpeed then records it as absent) and importable
+    again afterwards; where it is already imported, nothing is hidden.
+    """
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"]
+    hide = "mlflow" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError
+    try:
+        import deepspeed
+    finally:
+        if hide and sys.modules.get("mlflow", False) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
 
 
 def skip_shm_comm_build() -> None:

@@ -157,7 +157,8 @@ def test_the_step_publishes_a_complete_checkpoint_and_the_optimizer_state_from_t
 _TF32_PROBE = """
 import json
 import torch
-import deepspeed  # noqa: F401  what a worker imports before it builds its engine
+from engines.train_dist import import_deepspeed
+import_deepspeed()  # what a worker imports before it builds its engine
 import engines.train_worker  # noqa: F401
 from transformers import AutoModelForCausalLM  # noqa: F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: F401

@@ -22,7 +22,6 @@ CONSOLIDATE = """
 import json, sys
 import torch
 import torch.distributed as dist
-from deepspeed.utils import safe_get_full_fp32_param
 from engines.train_checkpoint import full_fp32_state
 from engines.train_dist import init_process
 from engines.train_engine import build_engine
@@ -30,6 +29,7 @@ from engines.train_spec import WorkerSpec
 from settings.train import TrainConfig
 
 rank = init_process()
+from deepspeed.utils import safe_get_full_fp32_param
 train = TrainConfig(precision=sys.argv[2], zero_stage=int(sys.argv[3]), lr=1e-2)
 spec = WorkerSpec(train=train, parent_checkpoint=sys.argv[1], resume_ds_state=None, steps=[],
                   out_dir="", metrics_path="", error_path="")

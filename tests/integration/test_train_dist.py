@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import run_single_rank  # noqa: E402
 
@@ -65,3 +67,26 @@ def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: 
     compiler = [m for m in new if m.startswith(("torch._inductor", "torch._dynamo", "deepspeed.runtime.zero.muon"))]
     assert compiler == [], f"imported by the first engine build: {compiler[:10]} ({len(compiler)})"
     assert len(new) < 100, new  # the model's own modules (here Qwen2's), not a library
+
+
+JOIN_WITHOUT_MLFLOW = """
+import importlib.util, sys
+import torch.distributed as dist
+from engines.train_dist import init_process
+init_process()
+print("deepspeed imported mlflow:", "mlflow" in sys.modules, flush=True)
+import mlflow  # still importable afterwards (tracking.mlflow runs in the driver, not here)
+print("mlflow importable:", mlflow.__name__ == "mlflow", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_joins_without_importing_mlflow_which_stays_importable(tmp_path: Path) -> None:
+    # DeepSpeed's autotuner imports mlflow whenever it is installed: ~1.3-2 s of every rank's start.
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        pytest.skip("the mlflow client is not installed (scripts/setup.sh installs mlflow-skinny)")
+    stdout = run_single_rank(JOIN_WITHOUT_MLFLOW, timeout_s=180)
+    assert "deepspeed imported mlflow: False" in stdout, stdout
+    assert "mlflow importable: True" in stdout, stdout

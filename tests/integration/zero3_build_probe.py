@@ -10,11 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-import deepspeed
-
 from engines import train_engine
-from engines.train_dist import init_process
+from engines.train_dist import import_deepspeed, init_process
 from engines.train_spec import WorkerSpec
+
+deepspeed = import_deepspeed()  # as a rank imports it (without the MLflow client)
 
 
 def main(spec_path: str, out_dir: str) -> int:
