@@ -22,6 +22,7 @@ evaluation and training settings use temperature 1.0) raw and processed log-prob
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -342,22 +343,40 @@ def generate(
     started = time.perf_counter()
     tokens = 0
     total = len(prompt_token_ids)
-    for start in range(0, total, chunk_requests):
-        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids[start : start + chunk_requests]]
-        # vLLM counts finished requests through a tqdm bar it is given: one that reports to the
-        # listeners (engines/work_progress.py) and draws nothing. No listener, no bar.
-        bar = _reporting_bar(done_before=len(outputs), total=total) if work_progress.listening() else False
-        chunk = llm.generate(prompts, list(sampling_params[start : start + chunk_requests]), use_tqdm=bar)
-        outputs.extend(chunk)
-        tokens += sum(len(c.token_ids) for out in chunk for c in out.outputs)
-        elapsed = time.perf_counter() - started
-        print(
-            f"[rollout{(' ' + progress_label) if progress_label else ''}] {len(outputs)}/{total} requests, "
-            f"{tokens} tokens, {tokens / max(elapsed, 1e-9):.0f} tok/s",
-            file=sys.stderr,
-            flush=True,
-        )
+    with _helpers_eager(llm):
+        for start in range(0, total, chunk_requests):
+            prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids[start : start + chunk_requests]]
+            # vLLM counts finished requests through a tqdm bar it is given: one that reports to the
+            # listeners (engines/work_progress.py) and draws nothing. No listener, no bar.
+            bar = _reporting_bar(done_before=len(outputs), total=total) if work_progress.listening() else False
+            chunk = llm.generate(prompts, list(sampling_params[start : start + chunk_requests]), use_tqdm=bar)
+            outputs.extend(chunk)
+            tokens += sum(len(c.token_ids) for out in chunk for c in out.outputs)
+            elapsed = time.perf_counter() - started
+            print(
+                f"[rollout{(' ' + progress_label) if progress_label else ''}] {len(outputs)}/{total} requests, "
+                f"{tokens} tokens, {tokens / max(elapsed, 1e-9):.0f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
     return outputs
+
+
+def _helpers_eager(llm: LLM) -> contextlib.AbstractContextManager[Any]:
+    """On a CPU engine in eager mode, vLLM's few ``torch.compile``'d helpers run eagerly.
+
+    Whenever log-probs are asked for (every round), vLLM's sampler counts each sampled token's rank
+    with a compiled one-liner (vllm/v1/sample/ops/logprobs.py: ``batched_count_greater_than``). On
+    CPU the first call in a process compiled it with Inductor: 2.5 s with warm compile caches, 10.4 s
+    on a fresh machine, charged to the first round of `make run` and of every `dapo rollout` / `dapo
+    eval` (benchmarks/RESULTS.md). Eagerly it is a comparison and a sum, an integer count: nothing
+    sampled or recorded changes. ``torch.compiler.set_stance("force_eager")`` is PyTorch's switch;
+    an engine that compiles its model (``enforce_eager=False``, e.g. on a GPU) is left as it is.
+    """
+    config = llm.llm_engine.vllm_config
+    if config.device_config.device_type == "cpu" and config.model_config.enforce_eager:
+        return torch.compiler.set_stance("force_eager")
+    return contextlib.nullcontext()
 
 
 def _reporting_bar(*, done_before: int, total: int) -> Any:

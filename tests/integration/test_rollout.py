@@ -397,3 +397,35 @@ def test_a_round_whose_prompts_exceed_one_engine_step_samples_as_small_parts_do(
     for a, b in zip(whole, parts):
         assert a["rollout_log_probs"] == pytest.approx(b["rollout_log_probs"], abs=1e-5)
 
+
+
+_FIRST_ROUND = """
+import sys
+from pathlib import Path
+from torch._dynamo.utils import counters
+from engines import rollout as ro, tiny_policy
+from settings.rollout import RolloutConfig
+folder = tiny_policy.build_random_checkpoint(Path(sys.argv[1]), seed=0)
+settings = ro.engine_settings(RolloutConfig(samples_per_prompt=2, max_response_tokens=8, cpu_threads=1), 256)
+requests = [{"problem_id": "p", "sample_index": s, "prompt_token_ids": [5, 6, 7], "seed": s} for s in range(2)]
+part = ro.generate_part(str(folder), settings, dict(temperature=1.0, top_p=1.0, max_tokens=8), requests)
+assert all(len(r["rollout_log_probs"]) == len(r["response_token_ids"]) > 0 for r in part.results)
+print("FRAMES", sum(counters["frames"].values()), dict(counters["frames"]))
+"""
+
+
+def test_a_processs_first_round_on_a_cpu_engine_compiles_nothing(tmp_path: Path) -> None:
+    # vLLM's sampler counts each sampled token's rank with a torch.compile'd one-liner whenever
+    # log-probs are asked for (every round): on CPU its first call in a process compiled it with
+    # Inductor, 2.5 s with warm compile caches and 10 s on a fresh machine, charged to the first
+    # rollout of `make run` and of every `dapo rollout` / `dapo eval`.
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run([sys.executable, "-c", _FIRST_ROUND, str(tmp_path / "ckpt")], env=env, cwd=repo,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    frames = next(line for line in proc.stdout.splitlines() if line.startswith("FRAMES "))
+    assert frames.split()[1] == "0", f"torch.compile traced frames during the round: {frames}"
