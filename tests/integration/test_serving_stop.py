@@ -118,5 +118,17 @@ def test_the_servers_temp_folder_is_used_only_where_its_socket_paths_fit(tmp_pat
     shallow, deep = Path("/tmp/dapo-serve-abcdefgh"), tmp_path / ("d" * 80)
     assert serving.socket_folder(shallow) == shallow and serving.socket_folder(deep) is None
     settings = serving.vllm_engine.EngineSettings()
-    assert serving.server_environment(settings, shallow)["TMPDIR"] == str(shallow)
-    assert serving.server_environment(settings, None).get("TMPDIR") == os.environ.get("TMPDIR")
+    assert serving.server_environment(settings, shallow, on_cpu=True)["TMPDIR"] == str(shallow)
+    assert serving.server_environment(settings, None, on_cpu=True).get("TMPDIR") == os.environ.get("TMPDIR")
+
+
+def test_a_cpu_server_in_eager_mode_runs_vllms_compiled_helpers_eagerly() -> None:
+    # vLLM's sampler compiles its log-prob rank counter on the first request that asks for
+    # log-probs: 6.8 s for the first such request to a CPU server (0.03 s for the next). An engine
+    # that compiles its model (enforce_eager=False, a GPU's) keeps torch.compile, as does a user's
+    # own TORCHDYNAMO_DISABLE.
+    eager = serving.vllm_engine.EngineSettings()
+    compiled = serving.vllm_engine.EngineSettings(enforce_eager=False)
+    assert serving.server_environment(eager, None, on_cpu=True).get("TORCHDYNAMO_DISABLE") == "1"
+    assert "TORCHDYNAMO_DISABLE" not in serving.server_environment(eager, None, on_cpu=False)
+    assert "TORCHDYNAMO_DISABLE" not in serving.server_environment(compiled, None, on_cpu=True)

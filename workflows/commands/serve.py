@@ -54,10 +54,11 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"dapo serve: error: {err}", file=sys.stderr)
         return BAD_INPUT
     settings = engine_settings_for(policy, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads)
+    on_cpu = not vllm_engine.gpu_count()
     command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
-                                     port=args.port, on_cpu=not vllm_engine.gpu_count())
+                                     port=args.port, on_cpu=on_cpu)
     with tempfile.TemporaryDirectory(prefix="dapo-serve-", ignore_cleanup_errors=True) as temp_dir:
-        env = serving.server_environment(settings, serving.socket_folder(Path(temp_dir)))
+        env = serving.server_environment(settings, serving.socket_folder(Path(temp_dir)), on_cpu=on_cpu)
         process = serving.start_server(command, env)
         base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
         try:
