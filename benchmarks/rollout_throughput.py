@@ -26,9 +26,10 @@ every new token: the fairer baseline at long responses.
 The run also times the model's matrix products alone at the same shape (``matmul_ceiling``), fused
 as vLLM fuses them (q/k/v, gate/up) and the output projection included: over each distinct
 prompt's tokens once, then over one row per sequence for each further token, each pass the
-fastest of several tries, with torch's GEMM. No engine can generate faster than that, so ``ceiling / transformers`` is the
-largest speedup over transformers this machine allows at this shape, and each engine's share of
-the ceiling says how much of its time goes to anything but matrix products.
+fastest of several tries, with torch's GEMM. No engine can generate faster than that, so
+``ceiling / transformers`` is the largest speedup over transformers this machine allows at this
+shape, and each engine's share of the ceiling says how much of its time goes to anything but
+matrix products.
 
     .venv/bin/python benchmarks/rollout_throughput.py [--threads 2] [--dtype bfloat16] [--repeats 3]
 """

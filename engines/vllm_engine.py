@@ -367,7 +367,7 @@ def _helpers_eager(llm: LLM) -> contextlib.AbstractContextManager[Any]:
 
     Whenever log-probs are asked for (every round), vLLM's sampler counts each sampled token's rank
     with a compiled one-liner (vllm/v1/sample/ops/logprobs.py: ``batched_count_greater_than``). On
-    CPU the first call in a process compiled it with Inductor: 2.5 s with warm compile caches, 10.4 s
+    CPU the first call in a process compiled it with Inductor: 2.2 s with warm compile caches, 11 s
     on a fresh machine, charged to the first round of `make run` and of every `dapo rollout` / `dapo
     eval` (benchmarks/RESULTS.md). Eagerly it is a comparison and a sum, an integer count: nothing
     sampled or recorded changes. ``torch.compiler.set_stance("force_eager")`` is PyTorch's switch;

@@ -398,7 +398,6 @@ def test_a_round_whose_prompts_exceed_one_engine_step_samples_as_small_parts_do(
         assert a["rollout_log_probs"] == pytest.approx(b["rollout_log_probs"], abs=1e-5)
 
 
-
 _FIRST_ROUND = """
 import sys
 from pathlib import Path
@@ -417,7 +416,7 @@ print("FRAMES", sum(counters["frames"].values()), dict(counters["frames"]))
 def test_a_processs_first_round_on_a_cpu_engine_compiles_nothing(tmp_path: Path) -> None:
     # vLLM's sampler counts each sampled token's rank with a torch.compile'd one-liner whenever
     # log-probs are asked for (every round): on CPU its first call in a process compiled it with
-    # Inductor, 2.5 s with warm compile caches and 10 s on a fresh machine, charged to the first
+    # Inductor, 2.2 s with warm compile caches and 11 s on a fresh machine, charged to the first
     # rollout of `make run` and of every `dapo rollout` / `dapo eval`.
     import subprocess
     import sys

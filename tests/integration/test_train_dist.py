@@ -70,7 +70,7 @@ def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: 
 
 
 JOIN_WITHOUT_MLFLOW = """
-import importlib.util, sys
+import sys
 import torch.distributed as dist
 from engines.train_dist import init_process
 init_process()
