@@ -90,10 +90,9 @@ def server_environment(settings: vllm_engine.EngineSettings, temp_dir: Path | No
     """This process's environment plus the engine's CPU variables (values the user set win), with
     ``temp_dir`` as the server's temp folder.
 
-    A CPU server in eager mode runs without torch.compile (``TORCHDYNAMO_DISABLE``): its model is
-    not compiled, and vLLM's sampler would otherwise compile its log-prob rank counter on the first
-    request that asks for log-probs (6.8 s on 2 cores; engines/vllm_engine.py: ``_helpers_eager``
-    does the same for in-process engines).
+    A server that ``vllm_engine.compiles_nothing`` (a CPU server in eager mode) runs without
+    torch.compile (``TORCHDYNAMO_DISABLE``): its model is not compiled, and vLLM's sampler would
+    otherwise compile its log-prob rank counter on the first request that asks for log-probs.
 
     The server's processes talk over ZeroMQ sockets and a file-based process-group rendezvous in
     the temp folder, and leave them there when they stop, Ctrl-C included (seven sockets and a
@@ -105,7 +104,7 @@ def server_environment(settings: vllm_engine.EngineSettings, temp_dir: Path | No
     # The offline engine's in-process switch: the API server ignores it for its engine core but
     # warns that it changes the launcher's random state; it has no meaning for a server.
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    if on_cpu and settings.enforce_eager:
+    if vllm_engine.compiles_nothing(on_cpu=on_cpu, enforce_eager=settings.enforce_eager):
         env.setdefault("TORCHDYNAMO_DISABLE", "1")
     if temp_dir is not None:
         compile_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"  # torch's default

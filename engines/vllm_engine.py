@@ -362,19 +362,29 @@ def generate(
     return outputs
 
 
-def _helpers_eager(llm: LLM) -> contextlib.AbstractContextManager[Any]:
-    """On a CPU engine in eager mode, vLLM's few ``torch.compile``'d helpers run eagerly.
+def compiles_nothing(*, on_cpu: bool, enforce_eager: bool) -> bool:
+    """Whether an engine should run vLLM's few ``torch.compile``'d helpers eagerly: a CPU engine in
+    eager mode. The one rule behind both switches, ``_helpers_eager`` (an in-process engine's
+    rounds) and engines/serving.py: ``server_environment`` (a ``dapo serve`` server's processes).
 
     Whenever log-probs are asked for (every round), vLLM's sampler counts each sampled token's rank
     with a compiled one-liner (vllm/v1/sample/ops/logprobs.py: ``batched_count_greater_than``). On
     CPU the first call in a process compiled it with Inductor: 2.2 s with warm compile caches, 11 s
     on a fresh machine, charged to the first round of `make run` and of every `dapo rollout` / `dapo
-    eval` (benchmarks/RESULTS.md). Eagerly it is a comparison and a sum, an integer count: nothing
-    sampled or recorded changes. ``torch.compiler.set_stance("force_eager")`` is PyTorch's switch;
-    an engine that compiles its model (``enforce_eager=False``, e.g. on a GPU) is left as it is.
+    eval`, and 6.8-7.8 s to a server's first request for log-probs (benchmarks/RESULTS.md). Eagerly
+    it is a comparison and a sum, an integer count: nothing sampled or recorded changes. An engine
+    that compiles its model (``enforce_eager=False``, e.g. on a GPU) is left as it is.
     """
+    return on_cpu and enforce_eager
+
+
+def _helpers_eager(llm: LLM) -> contextlib.AbstractContextManager[Any]:
+    """Runs a round under ``torch.compiler.set_stance("force_eager")`` when ``compiles_nothing``
+    says so for this engine. A scoped stance, not ``TORCHDYNAMO_DISABLE``: an environment variable
+    would be inherited by the training ranks this process starts."""
     config = llm.llm_engine.vllm_config
-    if config.device_config.device_type == "cpu" and config.model_config.enforce_eager:
+    if compiles_nothing(on_cpu=config.device_config.device_type == "cpu",
+                        enforce_eager=config.model_config.enforce_eager):
         return torch.compiler.set_stance("force_eager")
     return contextlib.nullcontext()
 
