@@ -92,14 +92,21 @@ class _PassSums:
     weight_sum: float = 0.0  # behaviour weights over the loss tokens
     capped: float = 0.0  # loss tokens whose behaviour weight was capped
     max_delta: float = 0.0  # the largest |old - rollout| (a max, not a sum)
+    # The same over the on-policy samples only (lag 0): the engine/trainer mismatch alone, which a
+    # stale sample's policy change would otherwise hide.
+    on_policy_abs_delta: float = 0.0
+    on_policy_resp_tokens: float = 0.0
+    on_policy_max_delta: float = 0.0
 
     def all_reduced(self) -> _PassSums:
-        """The sums over every rank (two collectives: the sums, then the max)."""
-        abs_delta, resp_tokens, entropy, loss_tokens, weight_sum, capped = all_reduce_scalars(
-            [self.abs_delta, self.resp_tokens, self.entropy, self.loss_tokens, self.weight_sum, self.capped]
+        """The sums over every rank (two collectives: the sums, then the maxima)."""
+        abs_delta, resp_tokens, entropy, loss_tokens, weight_sum, capped, on_abs, on_tokens = all_reduce_scalars(
+            [self.abs_delta, self.resp_tokens, self.entropy, self.loss_tokens, self.weight_sum, self.capped,
+             self.on_policy_abs_delta, self.on_policy_resp_tokens]
         )
-        (max_delta,) = all_reduce_scalars([self.max_delta], dist.ReduceOp.MAX)
-        return _PassSums(abs_delta, resp_tokens, entropy, loss_tokens, weight_sum, capped, max_delta)
+        max_delta, on_max = all_reduce_scalars([self.max_delta, self.on_policy_max_delta], dist.ReduceOp.MAX)
+        return _PassSums(abs_delta, resp_tokens, entropy, loss_tokens, weight_sum, capped, max_delta,
+                         on_abs, on_tokens, on_max)
 
 
 @dataclass(frozen=True)
@@ -222,10 +229,15 @@ class StepRunner:
         if weight == 0.0:
             return lp, w
         resp = mb.response_mask
-        delta = (lp - mb.rollout_log_probs).abs()[resp]
+        abs_delta = (lp - mb.rollout_log_probs).abs()
+        delta = abs_delta[resp]
         local.abs_delta += float(delta.sum())
         local.resp_tokens += float(resp.sum())
         local.max_delta = max(local.max_delta, float(delta.max()) if delta.numel() else 0.0)
+        on_policy = abs_delta[resp & ~sb.stale[list(idx)][:, None]]
+        local.on_policy_abs_delta += float(on_policy.sum())
+        local.on_policy_resp_tokens += float(on_policy.numel())
+        local.on_policy_max_delta = max(local.on_policy_max_delta, float(on_policy.max()) if on_policy.numel() else 0.0)
         # Entropy of pi_old over the loss tokens (sec. 3.1 watches it collapse).
         assert entropy_sum is not None  # a real sample's forward was given its entropy mask
         local.entropy += entropy_sum
@@ -350,6 +362,10 @@ class StepRunner:
             "world_size": self.world_size,
             "logprob_mismatch_mean_abs": old.abs_delta / max(old.resp_tokens, 1.0),
             "logprob_mismatch_max_abs": old.max_delta,
+            # NaN when no sample is on-policy (a batch of carried surplus, or a pipelined step).
+            "logprob_mismatch_on_policy_mean_abs": (old.on_policy_abs_delta / old.on_policy_resp_tokens
+                                                    if old.on_policy_resp_tokens else float("nan")),
+            "logprob_mismatch_on_policy_max_abs": old.on_policy_max_delta if old.on_policy_resp_tokens else float("nan"),
             "timings": timings,
         }
 

@@ -305,6 +305,13 @@ class StepMetrics(pdp.DataFrameModel):
     (numerical rollout/trainer mismatch, plus the policy change for stale samples)."""
     logprob_mismatch_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
     """Largest such difference on one token."""
+    logprob_mismatch_on_policy_mean_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    """The same mean over the on-policy samples only (policy lag 0): the rollout engine's numerical
+    disagreement with the trainer on the weights both hold, which the stale samples' policy change
+    would hide in ``logprob_mismatch_mean_abs`` (0 for the tiny policy in fp32 on CPU; a jump means the
+    engine sampled from other weights than the parent's). NaN when no sample is on-policy."""
+    logprob_mismatch_on_policy_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    """Largest such difference on one token of an on-policy sample; NaN when none."""
     behaviour_weight_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
     """Mean off-policy correction weight min(pi_prox / pi_behav, cap) over the loss tokens
     (uncorrected samples count 1); NaN when the step applied no correction."""
@@ -383,6 +390,14 @@ ALL_MODELS: tuple[type[pdp.DataFrameModel], ...] = (
 )
 
 _SCHEMA_METADATA_KEY = b"dapo.schema"  # names the model in every shard's Arrow schema
+
+# Nullable columns added to a model after run folders were written without them (model name ->
+# columns). A shard that lacks one reads as holding nulls there (schemas/shards.py: read_shard), so
+# an earlier version's run folder stays readable by `dapo lineage`, `dapo verify` and a resume; any
+# other missing column is still an error. tests/unit/test_schemas.py checks each is nullable.
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "StepMetrics": ("logprob_mismatch_on_policy_mean_abs", "logprob_mismatch_on_policy_max_abs"),
+}
 
 
 @functools.cache

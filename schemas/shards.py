@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from schemas import fast_checks, file_identity, fresh_tables
 from schemas.disk_space import writing
 from schemas.fsync import fsync_folder
-from schemas.models import ROW_RULE_COLUMNS, ROW_RULES, arrow_schema
+from schemas.models import ADDED_COLUMNS, ROW_RULE_COLUMNS, ROW_RULES, arrow_schema
 
 ShardData = pa.Table | pd.DataFrame | list[dict[str, Any]]
 _MAX_VALIDATED = 65536  # (sha256, model) pairs remembered; ~100 bytes each
@@ -318,6 +318,7 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
         raise ShardValidationError(str(path), model.__name__, [f"cannot read Parquet: {err}"]) from None
     schema = arrow_schema(model)
     problems = []
+    table = _with_added_columns(table, model)
     missing = [n for n in schema.names if n not in table.column_names]
     extra = [n for n in table.column_names if n not in schema.names]
     if missing:
@@ -338,6 +339,16 @@ def read_shard(path: str | Path, model: type) -> pa.Table:
         _remember(sha256, model)
     if seen is not None and file_identity.identity_of(path) == seen:  # not replaced while read
         fresh_tables.keep(table, model, seen)
+    return table
+
+
+def _with_added_columns(table: pa.Table, model: type) -> pa.Table:
+    """``table`` with nulls in the columns ``model`` gained after it was written (``ADDED_COLUMNS``)
+    and it lacks; every other column as it is."""
+    schema = arrow_schema(model)
+    for name in ADDED_COLUMNS.get(model.__name__, ()):
+        if name not in table.column_names:
+            table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
     return table
 
 

@@ -5,7 +5,9 @@ on-policy, older ones are stale (carried surplus, or a pipelined rollout). Four 
 one tiny DeepSpeed step (~10-25 s each on 2 cores):
 
 - a mixed batch (half the samples two versions old), correction "off" vs "auto": the updates
-  differ, and the StepMetrics row records the lag, the stale fraction and weights != 1;
+  differ, and the StepMetrics row records the lag, the stale fraction and weights != 1; its
+  on-policy samples carry the parent's own log-probs, so the engine/trainer mismatch measured on
+  them alone is ~0 while the stale samples' policy change dominates the mismatch over all samples;
 - an on-policy batch, "off" vs "auto": bitwise the same update (auto changes nothing on-policy),
   although its recorded rollout log-probs (random) disagree with the trainer's.
 """
@@ -43,6 +45,14 @@ def _weights(folder: str | Path) -> dict[str, torch.Tensor]:
     return load_file(str(Path(folder) / "model.safetensors"))
 
 
+def _parent_log_probs(model: torch.nn.Module, prompt: list[int], response: list[int]) -> list[float]:
+    """log pi(token) of each response token under ``model`` (fp32), as a rollout engine records it."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + response])).logits[0].float()
+    log_probs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return log_probs.gather(1, torch.tensor(response)[:, None])[:, 0].tolist()
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("offpolicy")
@@ -61,6 +71,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
             # The old policy's recorded log-probs, far from the parent's (~ -log 25 on the tiny
             # vocabulary) on both sides: ratios ~e^2.7 (capped at 2) and ~e^-2.3.
             r["rollout_log_probs"] = [-6.0 if t % 2 == 0 else -1.0 for t in range(len(r["response_token_ids"]))]
+        else:
+            # On-policy: what an engine holding the parent's weights records.
+            r["rollout_log_probs"] = _parent_log_probs(model, r["prompt_token_ids"], r["response_token_ids"])
     return {"root": root, "parent": parent, "vocab": vocab,
             "fresh": write_scored(root / "fresh.parquet", fresh),
             "mixed": write_scored(root / "mixed.parquet", mixed)}
@@ -83,11 +96,17 @@ def test_stale_samples_are_corrected_and_recorded(setup: dict) -> None:
     assert 0 < m["behaviour_weight_mean"] <= CONFIG.behaviour_weight_cap
     assert 0 < m["behaviour_weight_capped_fraction"] < 1
     assert 0 < m["logprob_mismatch_mean_abs"] <= m["logprob_mismatch_max_abs"]
+    # The engine/trainer mismatch on the on-policy samples alone: the parent's own log-probs were
+    # recorded, so ~0, where the stale samples' policy change puts the overall one above 1.
+    assert m["logprob_mismatch_max_abs"] > 1
+    assert m["logprob_mismatch_on_policy_max_abs"] < 1e-4
+    assert 0 <= m["logprob_mismatch_on_policy_mean_abs"] <= m["logprob_mismatch_on_policy_max_abs"]
     # Off: the lag is still recorded, no weight is applied.
     assert off.metrics["policy_lag_max"] == 2 and math.isnan(off.metrics["behaviour_weight_mean"])
     # The published metrics shard carries the new columns (StepMetrics is strict).
     table = schemas.read_shard(Path(auto.checkpoint_dir) / METRICS_FILE, schemas.StepMetrics)
     assert table.column("policy_lag_max").to_pylist() == [2]
+    assert table.column("logprob_mismatch_on_policy_max_abs").to_pylist() == [m["logprob_mismatch_on_policy_max_abs"]]
 
 
 def test_on_policy_batch_is_unchanged_by_auto_correction(setup: dict) -> None:
@@ -98,6 +117,9 @@ def test_on_policy_batch_is_unchanged_by_auto_correction(setup: dict) -> None:
     assert (m["policy_lag_max"], m["policy_lag_mean"], m["stale_sample_fraction"]) == (0, 0.0, 0.0)
     assert math.isnan(m["behaviour_weight_mean"]) and math.isnan(m["behaviour_weight_capped_fraction"])
     assert m["logprob_mismatch_mean_abs"] > 0  # recorded even when nothing is corrected
+    # Every sample is on-policy: the on-policy mismatch is the whole batch's.
+    assert m["logprob_mismatch_on_policy_mean_abs"] == m["logprob_mismatch_mean_abs"]
+    assert m["logprob_mismatch_on_policy_max_abs"] == m["logprob_mismatch_max_abs"]
 
 
 def test_sample_newer_than_the_parent_is_refused_before_launch(setup: dict) -> None:

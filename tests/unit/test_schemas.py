@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import schemas.models
 import schemas.shards
 from schemas import (
     ALL_MODELS,
@@ -84,7 +85,7 @@ def test_arrow_schemas_match_the_architecture_contract() -> None:
     assert metrics.field("generation_rounds").type == pa.int32() and metrics.field("lr").type == pa.float64()
     assert metrics.field("trained_groups").type == pa.int32() and metrics.field("max_policy_lag_steps").type == pa.int32()
     assert metrics.field("policy_lag_max").type == pa.int32()
-    assert len(metrics) == 34
+    assert len(metrics) == 36
     ev = arrow_schema(EvalResult)
     assert ev.field("k").type == pa.int32() and ev.field("avg_at_k").type == pa.float64()
     assert ev.field("pass_at_k").type == pa.bool_() and ev.field("seed").type == pa.int64()
@@ -194,6 +195,32 @@ def test_read_validates_exact_types_of_foreign_files(tmp_path: Path) -> None:
     path.write_bytes(b"PAR1 truncated")
     with pytest.raises(ShardValidationError, match="cannot read Parquet"):
         read_shard(path, Problem)
+
+
+def test_a_shard_written_before_a_column_was_added_reads_with_nulls_there(tmp_path: Path) -> None:
+    # A run folder of an earlier version: its StepMetrics shards lack the columns added since.
+    path = tmp_path / "old.parquet"
+    added = schemas.models.ADDED_COLUMNS["StepMetrics"]
+    full = arrow_schema(StepMetrics)
+    old = pa.Table.from_pylist([metrics_row(step=3)], schema=full).drop_columns(list(added))
+    pq.write_table(old, path)
+    back = read_shard(path, StepMetrics)
+    assert back.schema.equals(full, check_metadata=False)
+    assert all(back.column(name).to_pylist() == [None] for name in added)
+    assert back.column("step").to_pylist() == [3] and back.column("loss").to_pylist() == old.column("loss").to_pylist()
+    # Any other column missing is still an error, named.
+    pq.write_table(old.drop_columns(["entropy"]), path)
+    with pytest.raises(ShardValidationError, match=r"missing column\(s\): \['entropy'\]"):
+        read_shard(path, StepMetrics)
+
+
+def test_every_added_column_is_a_nullable_column_of_its_model() -> None:
+    models = {model.__name__: model for model in ALL_MODELS}
+    for name, columns in schemas.models.ADDED_COLUMNS.items():
+        schema = arrow_schema(models[name])
+        for column in columns:
+            assert schema.field(column).nullable, (name, column)
+            assert models[name].to_schema().columns[column].nullable, (name, column)
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
