@@ -31,7 +31,7 @@ from typing import Any
 
 from engines import vllm_engine
 from settings.rollout import RolloutConfig
-from storage import checkpoints, run_store
+from storage import checkpoints, pruning, run_store
 
 _RAY_ACTORS: list[Any] = []
 
@@ -405,6 +405,7 @@ def generate_rollouts(
     """
     started = time.perf_counter()
     source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
+    pruning.require_weights(source)  # a clear error for a checkpoint the retention policy pruned
     checkpoint_dir = checkpoints.fetch_policy(source)
     info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
     if config.samples_per_prompt < 1 or config.max_response_tokens < 1:

@@ -132,6 +132,31 @@ def describe_pruned(path: str | os.PathLike[str]) -> str | None:
     return f"{str(path).rstrip('/')}: pruned by the retention policy: {', '.join(parts)} ({len(files)} files, {size_text(size)})"
 
 
+class PrunedWeightsError(FileNotFoundError):
+    """Generation or evaluation was asked of a checkpoint whose weights the retention policy deleted."""
+
+
+# What a user can do when a call needs a checkpoint whose weights were pruned; said by
+# :func:`require_weights` and by the run folder's resume check (workflows/run_binding.py).
+PRUNED_WEIGHTS_ADVICE = (
+    "A checkpoint whose weights were pruned cannot be generated or evaluated from again. Resume the run "
+    "folder with the code that wrote it, or start a new run (another --run-root, or --set run.name=NEW_NAME); "
+    "a new run can start from a checkpoint that kept its weights with --set bootstrap.source=<that checkpoint folder>."
+)
+
+
+def require_weights(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`PrunedWeightsError` when the retention policy deleted the weights of the checkpoint
+    at ``path`` (a path or a URI), naming it and its pruned record; nothing otherwise.
+
+    In a run this happens when a rollout or evaluation call was not in the run's cache (its stage's
+    code changed since the run folder was written) and must generate from a pruned checkpoint again.
+    """
+    files = pruned_files(path)
+    if any(f["part"] == "weights" for f in files.values()):
+        raise PrunedWeightsError(f"{describe_pruned(path)} (recorded in {pruned_record_path(path)}). {PRUNED_WEIGHTS_ADVICE}")
+
+
 def size_text(size_bytes: int) -> str:
     """``size_bytes`` in the largest decimal unit it reaches: "812 bytes", "12.7 MB", "458.7 GB"."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -140,5 +165,5 @@ def size_text(size_bytes: int) -> str:
     return f"{size_bytes} bytes"
 
 
-__all__ = ["PRUNED_SUFFIX", "apply_retention", "check", "describe_pruned", "prune_checkpoint", "pruned_files",
-           "pruned_record_path"]
+__all__ = ["PRUNED_SUFFIX", "PRUNED_WEIGHTS_ADVICE", "PrunedWeightsError", "apply_retention", "check", "describe_pruned",
+           "prune_checkpoint", "pruned_files", "pruned_record_path", "require_weights"]

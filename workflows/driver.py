@@ -252,6 +252,13 @@ def _check_prompt_lengths(cfg: RunConfig, policy_folder: Path, train_paths: list
                              max_model_len=cfg.rollout.max_model_len, field=field)
 
 
+def generating_versions() -> dict[str, str]:
+    """This code's cache versions of the stages that generate from checkpoints: what ``run.json``
+    records, so that a resume with other code is checked against the checkpoints the retention policy
+    pruned (workflows/run_binding.py: ``check_generating_code``)."""
+    return {"evaluate": evaluate.cache.version_override, "rollout": rollout.cache.version_override}
+
+
 def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     """Record the resolved config in the run folder and clear what a killed invocation left.
 
@@ -259,8 +266,10 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     CLIs check this before starting Flyte, with a one-line message; this guards a driver task
     launched any other way (the Flyte UI, a cluster).
     """
-    check_run_folder(layout, cfg.to_dict())
-    _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "python": platform.python_version()})
+    versions = generating_versions()
+    check_run_folder(layout, cfg.to_dict(), versions)
+    _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "stage_versions": versions,
+                                    "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
     # per run folder at a time. (An object store has no staging folders: storage/run_store.py.)

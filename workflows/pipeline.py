@@ -134,7 +134,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
         Path(layout.root).mkdir(parents=True, exist_ok=True)
     # For an object-store root the lock is on this machine's mirror of the run folder.
     with hold_run_folder(run_store.local_path(layout.root), note=lambda line: progress.note(line, warning=True)):
-        check_run_folder(layout, config.to_dict())
+        check_run_folder(layout, config.to_dict(), driver.generating_versions())
         outcome = run_driver_locally(
             layout, driver.dapo_pipeline,
             interrupted=lambda: (f"interrupted during {progress.where()} of run folder "

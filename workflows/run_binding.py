@@ -15,6 +15,12 @@ freely too: they decide which finished checkpoints' files are deleted, never wha
 (a record written before they existed lacks them). A record written before a field of
 ``workflows.config.ADDED_AT`` existed (``run.pipelined``) reads as holding its old value.
 
+``run.json`` also records the cache versions of the stages that generate from checkpoints (rollout,
+evaluate: ``workflows.driver.generating_versions``). When such a stage's code changed, a resume runs its
+calls again instead of taking them from the cache; once the retention policy has pruned the weights of
+a checkpoint it would generate from, that cannot work, so the resume is refused before any work, with
+what the user can do (:func:`check_generating_code`).
+
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
 time are written inside for the refusal message. The kernel drops the lock when its process
@@ -33,11 +39,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from storage import run_store
+from storage import pruning, run_store
 from storage.run_layout import RunLayout
 from workflows.config import ADDED_AT, NOT_COMPUTED, STORAGE_ONLY
 
@@ -93,9 +99,10 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
         )
 
 
-def check_run_folder(layout: RunLayout, wanted: dict[str, Any]) -> None:
+def check_run_folder(layout: RunLayout, wanted: dict[str, Any], generating: Mapping[str, str] | None = None) -> None:
     """:func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an object store), if it has one
-    and its run published anything.
+    and its run published anything; with ``generating`` (this code's versions of the stages that
+    generate from checkpoints), also :func:`check_generating_code`.
 
     Curation is every run's first stage and publishes ``curate/`` whole or not at all
     (engines/curation.py). A run that stopped before that (an input missing or unreadable, Ctrl-C
@@ -106,6 +113,46 @@ def check_run_folder(layout: RunLayout, wanted: dict[str, Any]) -> None:
         return
     record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
     check_run_record(str(layout.root), record, wanted)
+    if generating is not None:
+        check_generating_code(layout, record, generating)
+
+
+def check_generating_code(layout: RunLayout, record: dict[str, Any] | None, generating: Mapping[str, str]) -> None:
+    """Raise :class:`RunFolderError` when a stage that generates from checkpoints (``generating``: stage ->
+    this code's cache version) has other code than ``run.json`` records, and a checkpoint that stage would
+    generate from again lost its weights to the retention policy: the rollout stage generates from every
+    checkpoint but the last, evaluation from the evaluated ones (``eval/step-NNNN.parquet``). A record
+    without versions (written before they were recorded) checks nothing; the stage then fails on the
+    pruned checkpoint itself, with the same advice (storage/pruning.py: ``require_weights``).
+    """
+    recorded = (record or {}).get("stage_versions") or {}
+    changed = [stage for stage, version in sorted(generating.items()) if recorded.get(stage) not in (None, version)]
+    if not changed:
+        return
+    pruned = _weights_pruned(layout)
+    if "rollout" not in changed:
+        pruned = [path for path in pruned if run_store.exists(layout.eval_shard(_step_of(path)))]
+    if not pruned:
+        return
+    names = [run_store.join(layout.checkpoints_dir, Path(path).name) for path in pruned]
+    raise RunFolderError(
+        f"run folder {layout.root}: the code of the {' and '.join(changed)} stage{'s' if len(changed) > 1 else ''} "
+        f"changed since this run was written, so a resume would generate from its checkpoints again; the retention "
+        f"policy (run.keep_optimizer_checkpoints, run.keep_weights_every_steps) pruned the weights of {len(names)} of "
+        f"them ({names[0]}{' ... ' + Path(names[-1]).name if len(names) > 1 else ''}). {pruning.PRUNED_WEIGHTS_ADVICE}"
+    )
+
+
+def _weights_pruned(layout: RunLayout) -> list[str]:
+    """The checkpoints of ``layout`` whose weights were pruned, by step."""
+    records = run_store.glob(layout.checkpoints_dir, "step-*" + pruning.PRUNED_SUFFIX)
+    folders = [record[: -len(pruning.PRUNED_SUFFIX)] for record in records]
+    return [folder for folder in folders
+            if any(f["part"] == "weights" for f in pruning.pruned_files(folder).values())]
+
+
+def _step_of(checkpoint: str) -> int:
+    return int(Path(checkpoint).name.removeprefix("step-"))
 
 
 def check_can_hold(folder: str | os.PathLike[str]) -> None:

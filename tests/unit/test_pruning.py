@@ -86,6 +86,24 @@ def test_retention_prunes_what_the_policy_drops_and_nothing_else(root: str) -> N
                                    keep_optimizer_last=1, keep_weights_every=2) == []
 
 
+def test_generating_from_a_checkpoint_whose_weights_were_pruned_fails_naming_it_and_what_to_do(root: str) -> None:
+    from engines.rollout import generate_rollouts
+    from settings.rollout import RolloutConfig
+
+    layout = _run(root)
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    # K=1, M=2: step 2 kept its weights (optimizer state pruned), step 3 lost both.
+    pruning.require_weights(layout.checkpoint(2))
+    pruning.require_weights(layout.checkpoint(5))
+    with pytest.raises(pruning.PrunedWeightsError, match=r"step-0003: pruned by the retention policy: weights, optimizer "
+                                                         r"state .*step-0003\.pruned\.json.*another --run-root"):
+        pruning.require_weights(layout.checkpoint(3))
+    # What a rollout or evaluation that must run again meets, before any engine is built.
+    with pytest.raises(pruning.PrunedWeightsError, match=r"step-0003"):
+        generate_rollouts(layout.checkpoint(3), [{"problem_id": "p", "prompt": "1+1="}], RolloutConfig(), seed=0,
+                          policy_version=3, generation_round=0)
+
+
 def test_pruned_sizes_are_given_in_a_unit_they_reach() -> None:
     # the main job's pruned checkpoints are ~13 MB, the paper's 458.7 GB: neither reads "0.0 GB" or "0.0 TB"
     assert [pruning.size_text(n) for n in (0, 810, 12_700_000, 458_700_000_000, 2_600_000_000_000)] == [

@@ -196,3 +196,66 @@ def test_a_stop_that_reaches_the_command_line_says_which_signal(monkeypatch: pyt
     monkeypatch.setattr(cli, "_run_command", interrupted)
     assert cli.main(["run"]) == 130
     assert capsys.readouterr().err.strip() == "dapo run: interrupted (Ctrl-C)"
+
+
+def _pruned_run(tmp_path: Path, versions: dict[str, str] | None, *, pruned: dict[int, str], evaluated: tuple[int, ...] = ()):
+    """A run folder that published its curation, whose run.json records ``versions``, with pruned
+    records for ``pruned`` (step -> part) and evaluation shards at ``evaluated``."""
+    from storage.run_layout import RunLayout
+
+    layout = RunLayout(tmp_path / "r")
+    Path(layout.curate_dir).mkdir(parents=True)
+    Path(layout.run_record).write_text(json.dumps({"config": OLD, **({"stage_versions": versions} if versions else {})}))
+    Path(layout.checkpoints_dir).mkdir()
+    for step, part in pruned.items():
+        name = f"step-{step:04d}"
+        Path(layout.checkpoint(step)).mkdir()
+        files = {f"{name}/model.safetensors": {"bytes": 10, "sha256": "0" * 64, "part": part}}
+        Path(layout.checkpoint(step) + ".pruned.json").write_text(json.dumps({"files": files}))
+    Path(layout.eval_shard(0)).parent.mkdir()
+    for step in evaluated:
+        Path(layout.eval_shard(step)).write_bytes(b"")
+    return layout
+
+
+NOW = {"evaluate": "evaluate-2", "rollout": "rollout-2"}
+
+
+def test_a_resume_with_other_rollout_code_is_refused_once_a_checkpoints_weights_were_pruned(tmp_path: Path) -> None:
+    layout = _pruned_run(tmp_path, {"evaluate": "evaluate-2", "rollout": "rollout-1"}, pruned={1: "weights", 2: "weights"})
+    with pytest.raises(RunFolderError, match=r"code of the rollout stage changed.*pruned the weights of 2 of them "
+                                             r"\(.*checkpoints/step-0001 \.\.\. step-0002\).*bootstrap\.source="):
+        check_run_folder(layout, OLD, NOW)
+    check_run_folder(layout, OLD, {**NOW, "rollout": "rollout-1"})  # the code that wrote it resumes
+    check_run_folder(layout, OLD)  # no versions given: the config check alone
+
+
+def test_other_code_resumes_while_every_checkpoint_keeps_its_weights(tmp_path: Path) -> None:
+    # Only optimizer state pruned: rollouts and evaluations can run again (and do, with the new code).
+    check_run_folder(_pruned_run(tmp_path, {"evaluate": "evaluate-1", "rollout": "rollout-1"},
+                                 pruned={1: "optimizer state"}), OLD, NOW)
+
+
+def test_a_record_without_versions_checks_no_code(tmp_path: Path) -> None:
+    # Written before versions were recorded: the stage itself fails on the pruned checkpoint, with advice.
+    check_run_folder(_pruned_run(tmp_path, None, pruned={1: "weights"}), OLD, NOW)
+
+
+def test_other_evaluation_code_is_refused_only_for_an_evaluated_checkpoint_without_weights(tmp_path: Path) -> None:
+    old = {"evaluate": "evaluate-1", "rollout": "rollout-2"}
+    check_run_folder(_pruned_run(tmp_path / "a", old, pruned={1: "weights"}, evaluated=(0, 2)), OLD, NOW)
+    with pytest.raises(RunFolderError, match=r"code of the evaluate stage changed.*weights of 1 of them .*step-0002\)"):
+        check_run_folder(_pruned_run(tmp_path / "b", old, pruned={1: "weights", 2: "weights"}, evaluated=(0, 2)), OLD, NOW)
+
+
+def test_the_run_record_holds_the_versions_a_resume_is_checked_against(tmp_path: Path) -> None:
+    from storage.run_layout import RunLayout
+    from tasks.evaluate import evaluate
+    from tasks.rollout import rollout
+    from workflows.config import load_config
+    from workflows.driver import start_run_folder
+
+    layout = RunLayout(tmp_path / "r")
+    start_run_folder(load_config(REPO / "configs" / "tiny-cpu.yaml"), layout)
+    recorded = json.loads(Path(layout.run_record).read_text())["stage_versions"]
+    assert recorded == {"evaluate": evaluate.cache.version_override, "rollout": rollout.cache.version_override}
