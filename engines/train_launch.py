@@ -42,7 +42,7 @@ from engines.train_publish import (
 )
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
-from storage import checkpoints, outputs, run_store
+from storage import checkpoints, outputs, pruning, run_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -322,6 +322,7 @@ def train_step_in_store(
     step publishes into the mirror, and the folder is uploaded with its ``dapo_checkpoint.json``
     last. The result names ``out_dir`` as given (the URI).
     """
+    pruning.require_weights(checkpoint_dir)  # pruned weights went with the optimizer state: nothing to train from
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))

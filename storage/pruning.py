@@ -133,15 +133,17 @@ def describe_pruned(path: str | os.PathLike[str]) -> str | None:
 
 
 class PrunedWeightsError(FileNotFoundError):
-    """Generation or evaluation was asked of a checkpoint whose weights the retention policy deleted."""
+    """Generation, evaluation or training was asked of a checkpoint whose weights the retention policy deleted."""
 
 
 # What a user can do when a call needs a checkpoint whose weights were pruned; said by
 # :func:`require_weights` and by the run folder's resume check (workflows/run_binding.py).
 PRUNED_WEIGHTS_ADVICE = (
-    "A checkpoint whose weights were pruned cannot be generated or evaluated from again. Resume the run "
-    "folder with the code that wrote it, or start a new run (another --run-root, or --set run.name=NEW_NAME); "
-    "a new run can start from a checkpoint that kept its weights with --set bootstrap.source=<that checkpoint folder>."
+    "A checkpoint whose weights were pruned cannot be generated, evaluated or trained from again: use one that kept them "
+    "(the run's latest, its step-0 policy, every run.keep_weights_every_steps-th). A run that needs it again "
+    "(its rollout or evaluate code changed since the run folder was written) resumes with the code that wrote "
+    "the folder, or starts anew (another --run-root, or --set run.name=NEW_NAME), e.g. from a checkpoint that "
+    "kept its weights: --set bootstrap.source=<that checkpoint folder>."
 )
 
 

@@ -65,7 +65,7 @@ RESULT_ON_STDOUT = frozenset({"curate", "bootstrap", "rollout", "score", "train"
 # Errors that mean "fix your config or input", raised before any long work; their messages name
 # the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
 USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationError", "RunFolderError", "HeldOutSeenError",
-                         "BootstrapError"})
+                         "BootstrapError", "PrunedWeightsError"})
 
 
 def disk_full_line(err: BaseException) -> str | None:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage import checkpoints, run_store
+from storage import checkpoints, pruning, run_store
 from storage.run_layout import RunLayout
 from workflows.config import RunConfig, config_from_dict
 
@@ -88,8 +88,12 @@ def locate_checkpoint(target: str) -> str:
 
 
 def resolve_policy(target: str) -> PolicySource:
-    """Locate ``target``'s checkpoint (``locate_checkpoint``), fetch it, read its identity and run."""
+    """Locate ``target``'s checkpoint (``locate_checkpoint``), fetch it, read its identity and run.
+
+    Raises ``storage.pruning.PrunedWeightsError`` (a ``FileNotFoundError``) when the retention
+    policy deleted its weights."""
     source = locate_checkpoint(target)
+    pruning.require_weights(source)  # before a server or an engine starts on a folder without weights
     local = checkpoints.fetch_policy(source)
     info = checkpoints.read_info(local)
     run_dir = run_folder_of(source)

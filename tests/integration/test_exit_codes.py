@@ -21,8 +21,31 @@ def files(tmp_path: Path) -> dict[str, Path]:
     not_a_shard.write_text("not parquet\n")
     no_layout = tmp_path / "rows.jsonl"
     no_layout.write_text('{"colour": "red"}\n')
-    return {"missing": tmp_path / "missing.jsonl", "not_a_shard": not_a_shard, "no_layout": no_layout,
-            "empty": tmp_path / "empty", "out": tmp_path / "out"}
+    math = tmp_path / "math.jsonl"
+    math.write_text('{"problem": "3+4", "answer": "7"}\n')
+    return {"missing": tmp_path / "missing.jsonl", "not_a_shard": not_a_shard, "no_layout": no_layout, "math": math,
+            "empty": tmp_path / "empty", "out": tmp_path / "out", **_pruned_run(tmp_path / "runs")}
+
+
+def _pruned_run(root: Path) -> dict[str, Path]:
+    """A main-job run folder under ``root`` whose step-1 checkpoint lost its weights to the retention
+    policy, and whose run.json records other rollout code than this one."""
+    import json
+    import shutil
+
+    from workflows.config import load_config
+    from workflows.driver import generating_versions
+
+    config = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    run = root / config.run.name
+    (run / "curate").mkdir(parents=True)
+    checkpoint = run / "checkpoints" / "step-0001"
+    shutil.copytree(POLICY, checkpoint, ignore=shutil.ignore_patterns("*.safetensors"))
+    weights = {"bytes": 1, "sha256": "0" * 64, "part": "weights"}
+    (run / "checkpoints" / "step-0001.pruned.json").write_text(json.dumps({"files": {"step-0001/model.safetensors": weights}}))
+    versions = {**generating_versions(), "rollout": "rollout-0000000000000000"}
+    (run / "run.json").write_text(json.dumps({"config": config.to_dict(), "stage_versions": versions}))
+    return {"runs": root, "pruned": checkpoint}
 
 
 CASES = {
@@ -40,6 +63,15 @@ CASES = {
     "deploy, an unknown --model": (["deploy", "--dry-run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
                                      "--model", "no-such-model"], "no-such-model"),
     "bootstrap, an unknown setting": (["bootstrap", "--out", "{out}", "--set", "no_such_field=1"], "no_such_field"),
+    # A checkpoint whose weights the retention policy deleted: named, with its pruned record.
+    "ask, a pruned checkpoint": (["ask", "{pruned}", "3+4"], "{pruned}.pruned.json"),
+    "serve, a pruned checkpoint": (["serve", "{pruned}"], "{pruned}.pruned.json"),
+    "eval, a pruned checkpoint": (["eval", "{pruned}", "{math}", "--out", "{out}/e.parquet"], "{pruned}.pruned.json"),
+    "train, a pruned checkpoint": (["train", "{pruned}", "{not_a_shard}", "--step", "2", "--out", "{out}"],
+                                   "{pruned}.pruned.json"),
+    # Resumed with other rollout code, it would generate from that checkpoint again: refused before any work.
+    "run, a resume that would generate from a pruned checkpoint": (
+        ["run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", "{runs}"], "{pruned}"),
 }
 
 

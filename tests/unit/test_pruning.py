@@ -98,6 +98,11 @@ def test_generating_from_a_checkpoint_whose_weights_were_pruned_fails_naming_it_
     with pytest.raises(pruning.PrunedWeightsError, match=r"step-0003: pruned by the retention policy: weights, optimizer "
                                                          r"state .*step-0003\.pruned\.json.*another --run-root"):
         pruning.require_weights(layout.checkpoint(3))
+    # What `dapo serve` and `dapo ask` meet, before a server or an engine starts.
+    from workflows.policy_source import resolve_policy
+
+    with pytest.raises(pruning.PrunedWeightsError, match=r"step-0003"):
+        resolve_policy(layout.checkpoint(3))
     # What a rollout or evaluation that must run again meets, before any engine is built.
     with pytest.raises(pruning.PrunedWeightsError, match=r"step-0003"):
         generate_rollouts(layout.checkpoint(3), [{"problem_id": "p", "prompt": "1+1="}], RolloutConfig(), seed=0,

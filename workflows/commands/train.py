@@ -8,6 +8,7 @@ import sys
 from engines.train_launch import train_step_in_store
 from engines.train_publish import TrainInputError, TrainStepError
 from storage.checkpoints import CheckpointError
+from storage.pruning import PrunedWeightsError
 from workflows import json_output
 from workflows.exit_codes import BAD_INPUT, FAILED
 
@@ -27,7 +28,7 @@ def run_cli(args: argparse.Namespace) -> int:
     config = stage_config("train", args.config, args.set)
     try:
         result = train_step_in_store(args.checkpoint, args.scored, args.out, step=args.step, config=config)
-    except (TrainInputError, CheckpointError) as err:  # the shards or the checkpoint given
+    except (TrainInputError, CheckpointError, PrunedWeightsError) as err:  # the shards or the checkpoint given
         print(f"dapo train: {err}", file=sys.stderr)
         return BAD_INPUT
     except TrainStepError as err:  # the step itself failed
