@@ -230,6 +230,23 @@ def test_a_resume_with_other_rollout_code_is_refused_once_a_checkpoints_weights_
     check_run_folder(layout, OLD)  # no versions given: the config check alone
 
 
+def test_the_resume_check_reads_a_run_in_an_object_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from storage import run_store
+    from storage.run_layout import RunLayout
+
+    monkeypatch.setenv(run_store.MIRROR_ENV, str(tmp_path / "mirror"))
+    layout = RunLayout(f"memory://dapo-test/run-{uuid.uuid4().hex[:8]}")
+    run_store.write_text(run_store.join(layout.curate_dir, "curate_report.json"), "{}")
+    run_store.write_text(layout.run_record, json.dumps({"config": OLD, "stage_versions": {**NOW, "rollout": "rollout-1"}}))
+    check_run_folder(layout, OLD, NOW)  # nothing pruned yet
+    files = {"step-0003/model.safetensors": {"bytes": 10, "sha256": "0" * 64, "part": "weights"}}
+    run_store.write_text(layout.checkpoint(3) + ".pruned.json", json.dumps({"files": files}))
+    with pytest.raises(RunFolderError, match=r"rollout stage changed.*memory://.*/checkpoints/step-0003\)"):
+        check_run_folder(layout, OLD, NOW)
+
+
 def test_other_code_resumes_while_every_checkpoint_keeps_its_weights(tmp_path: Path) -> None:
     # Only optimizer state pruned: rollouts and evaluations can run again (and do, with the new code).
     check_run_folder(_pruned_run(tmp_path, {"evaluate": "evaluate-1", "rollout": "rollout-1"},
