@@ -261,6 +261,9 @@ def train_steps(
         if made_from(out_dir, config=config, batch_sha256=batch_sha256):
             return finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
         discard_published(out_dir, "published from another config or batch")
+    # Only now, when it must train: a published step is reused above even if its parent was pruned
+    # since (a resume whose train code changed). Pruned weights went with the optimizer state.
+    pruning.require_weights(checkpoint_dir)
     batches_meta = _check_batches(steps, config, parent.step)
     ds_state = checkpoint_dir / DS_STATE_DIR
     resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
@@ -322,7 +325,6 @@ def train_step_in_store(
     step publishes into the mirror, and the folder is uploaded with its ``dapo_checkpoint.json``
     last. The result names ``out_dir`` as given (the URI).
     """
-    pruning.require_weights(checkpoint_dir)  # pruned weights went with the optimizer state: nothing to train from
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))
@@ -335,6 +337,7 @@ def train_step_in_store(
         if made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards)):
             return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
         discard_published(out_dir, "published from another config or batch")
+    pruning.require_weights(checkpoint_dir)  # the mirror copy has no pruned record; the store has
     with outputs.output(out_dir, folder=True) as local:
         result = train_step(parent_local, shards, local, step=step, config=config)
     return dataclasses.replace(result, checkpoint_dir=out_dir)

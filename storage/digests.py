@@ -29,6 +29,8 @@ from schemas.file_identity import Identity, identity
 from storage import run_store
 
 RECORD_SUFFIX = ".sha256.json"
+# Beside a checkpoint the retention policy pruned: what it deleted (storage/pruning.py writes it).
+PRUNED_SUFFIX = ".pruned.json"
 _CHUNK_BYTES = 1 << 20
 _HASH_THREADS = 4  # large files hashed at once by describe()
 
@@ -123,6 +125,12 @@ def record(path: str | os.PathLike[str], local: Path | None = None) -> dict[str,
 
     For an object-store folder, files in the store that the local copy lacks (uploaded by other
     nodes of a multi-node step) are recorded with their size only.
+
+    An output the retention policy pruned (a ``<output>.pruned.json`` beside it) that is published
+    again unchanged, but for the files that were pruned (a replayed train task reusing its step),
+    keeps its record as it is: its upstream digest, the cache key of every call downstream of it,
+    must not change. New content published there instead drops the pruned record, which described
+    what was there before.
     """
     local = Path(local if local is not None else run_store.local_path(path))
     _, name = _parent_and_name(path)
@@ -135,6 +143,13 @@ def record(path: str | os.PathLike[str], local: Path | None = None) -> dict[str,
             key = f"{name}/{uri[len(str(path).rstrip('/')) + 1:]}"
             files.setdefault(key, {"bytes": run_store.size(uri), "sha256": None})
     entry = {"output": name, "files": dict(sorted(files.items()))}
+    pruned_path = str(path).rstrip("/") + PRUNED_SUFFIX
+    if run_store.exists(pruned_path):
+        pruned = json.loads(run_store.read_text(pruned_path))["files"]
+        old = json.loads(run_store.read_text(record_path(path))) if run_store.exists(record_path(path)) else None
+        if old is not None and entry["files"] == {k: v for k, v in old["files"].items() if k not in pruned}:
+            return old  # the same output, what was pruned still missing
+        run_store.remove(pruned_path)
     run_store.write_text(record_path(path), json.dumps(entry, indent=1, sort_keys=True) + "\n")
     return entry
 

@@ -25,7 +25,7 @@ from typing import Any
 from storage import checkpoints, digests, run_store
 from storage.retention_policy import WHOLE, Keep, checkpoint_retention
 
-PRUNED_SUFFIX = ".pruned.json"
+PRUNED_SUFFIX = digests.PRUNED_SUFFIX
 PARTS = ("weights", "optimizer state")
 
 

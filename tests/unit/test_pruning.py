@@ -109,6 +109,58 @@ def test_generating_from_a_checkpoint_whose_weights_were_pruned_fails_naming_it_
                           policy_version=3, generation_round=0)
 
 
+def test_a_published_step_whose_parent_was_pruned_is_reused_not_refused(tmp_path: Path) -> None:
+    # A resume whose train code changed (a cache miss) replays step 4: its checkpoint is published,
+    # made from the same config and batch, so it is reused; the parent's pruned weights are not needed.
+    import pyarrow as pa
+
+    import schemas
+    from engines.train_launch import train_step_in_store
+    from engines.train_publish import METRICS_FILE, TIMINGS_FILE, batch_sha256_of
+    from settings.train import TrainConfig
+
+    layout = _run(str(tmp_path / "run"))
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    batch = tmp_path / "batch.parquet"
+    batch.write_bytes(b"the step's batch")
+    config = TrainConfig()
+    out = Path(layout.checkpoint(4))
+    info = checkpoints.read_info(out)
+    info.inputs.update(config=json.loads(json.dumps(asdict(config))), batch_sha256=batch_sha256_of([batch]))
+    (out / checkpoints.METADATA_FILE).write_text(json.dumps(asdict(info)))
+    row = {f.name: 0 if pa.types.is_integer(f.type) else 0.5 if pa.types.is_floating(f.type) else "x"
+           for f in schemas.arrow_schema(schemas.StepMetrics)}
+    schemas.write_shard([{**row, "step": 4}], out / METRICS_FILE, schemas.StepMetrics)
+    (out / TIMINGS_FILE).write_text("{}")
+    result = train_step_in_store(layout.checkpoint(3), [str(batch)], str(out), step=4, config=config)
+    assert result.checkpoint_id == "train-0004-abc"
+    # Training from it again (nothing published) is refused, naming it.
+    with pytest.raises(pruning.PrunedWeightsError, match="step-0003"):
+        train_step_in_store(layout.checkpoint(3), [str(batch)], str(tmp_path / "elsewhere"), step=4, config=config)
+
+
+def test_publishing_a_pruned_checkpoint_again_unchanged_keeps_its_records_and_new_content_drops_the_pruned_one(
+        root: str) -> None:
+    # A replayed train task that reuses its published step publishes the folder again (outputs.output):
+    # its digest record, hence the upstream digest every later cached call is keyed on, must not change,
+    # or the next step's rollout misses the cache and needs the pruned weights.
+    layout = _run(root)
+    pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
+    path = layout.checkpoint(3)
+    if not run_store.is_remote(path):  # in an object store the train task reuses a step without publishing it
+        before = (run_store.read_text(digests.record_path(path)), digests.upstream_digest([path]))
+        with outputs.output(path, folder=True):
+            pass  # reused as it is
+        assert (run_store.read_text(digests.record_path(path)), digests.upstream_digest([path])) == before
+        assert pruning.pruned_files(path)
+    # The step trained again instead (other inputs): whole new content, and the pruned record is gone.
+    with outputs.output(path, folder=True) as local:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / WEIGHTS).write_bytes(b"new weights")
+    assert not pruning.pruned_files(path) and pruning.check(path) == []
+    pruning.require_weights(path)
+
+
 def test_pruned_sizes_are_given_in_a_unit_they_reach() -> None:
     # the main job's pruned checkpoints are ~13 MB, the paper's 458.7 GB: neither reads "0.0 GB" or "0.0 TB"
     assert [pruning.size_text(n) for n in (0, 810, 12_700_000, 458_700_000_000, 2_600_000_000_000)] == [
