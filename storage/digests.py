@@ -40,6 +40,11 @@ def record_path(path: str | os.PathLike[str]) -> str:
     return str(path).rstrip("/") + RECORD_SUFFIX
 
 
+def pruned_record_path(path: str | os.PathLike[str]) -> str:
+    """The pruned record of the output ``path`` (beside its digest record; storage/pruning.py)."""
+    return str(path).rstrip("/") + PRUNED_SUFFIX
+
+
 def _parent_and_name(path: str | os.PathLike[str]) -> tuple[str, str]:
     text = str(path).rstrip("/")
     if run_store.is_remote(text):
@@ -143,7 +148,7 @@ def record(path: str | os.PathLike[str], local: Path | None = None) -> dict[str,
             key = f"{name}/{uri[len(str(path).rstrip('/')) + 1:]}"
             files.setdefault(key, {"bytes": run_store.size(uri), "sha256": None})
     entry = {"output": name, "files": dict(sorted(files.items()))}
-    pruned_path = str(path).rstrip("/") + PRUNED_SUFFIX
+    pruned_path = pruned_record_path(path)
     if run_store.exists(pruned_path):
         pruned = json.loads(run_store.read_text(pruned_path))["files"]
         old = json.loads(run_store.read_text(record_path(path))) if run_store.exists(record_path(path)) else None

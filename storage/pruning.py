@@ -23,15 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from storage import checkpoints, digests, run_store
+from storage.digests import PRUNED_SUFFIX, pruned_record_path
 from storage.retention_policy import WHOLE, Keep, checkpoint_retention
 
-PRUNED_SUFFIX = digests.PRUNED_SUFFIX
 PARTS = ("weights", "optimizer state")
-
-
-def pruned_record_path(path: str | os.PathLike[str]) -> str:
-    """The pruned record of the output ``path`` (beside its digest record)."""
-    return str(path).rstrip("/") + PRUNED_SUFFIX
 
 
 def pruned_files(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -147,6 +142,11 @@ PRUNED_WEIGHTS_ADVICE = (
 )
 
 
+def weights_pruned(path: str | os.PathLike[str]) -> bool:
+    """Whether the retention policy deleted the weights of the checkpoint at ``path``."""
+    return any(f["part"] == "weights" for f in pruned_files(path).values())
+
+
 def require_weights(path: str | os.PathLike[str]) -> None:
     """Raise :class:`PrunedWeightsError` when the retention policy deleted the weights of the checkpoint
     at ``path`` (a path or a URI), naming it and its pruned record; nothing otherwise.
@@ -154,8 +154,7 @@ def require_weights(path: str | os.PathLike[str]) -> None:
     In a run this happens when a rollout or evaluation call was not in the run's cache (its stage's
     code changed since the run folder was written) and must generate from a pruned checkpoint again.
     """
-    files = pruned_files(path)
-    if any(f["part"] == "weights" for f in files.values()):
+    if weights_pruned(path):
         raise PrunedWeightsError(f"{describe_pruned(path)} (recorded in {pruned_record_path(path)}). {PRUNED_WEIGHTS_ADVICE}")
 
 
@@ -168,4 +167,4 @@ def size_text(size_bytes: int) -> str:
 
 
 __all__ = ["PRUNED_SUFFIX", "PRUNED_WEIGHTS_ADVICE", "PrunedWeightsError", "apply_retention", "check", "describe_pruned",
-           "prune_checkpoint", "pruned_files", "pruned_record_path", "require_weights"]
+           "prune_checkpoint", "pruned_files", "pruned_record_path", "require_weights", "weights_pruned"]

@@ -134,12 +134,11 @@ def check_generating_code(layout: RunLayout, record: dict[str, Any] | None, gene
         pruned = [path for path in pruned if run_store.exists(layout.eval_shard(_step_of(path)))]
     if not pruned:
         return
-    names = [run_store.join(layout.checkpoints_dir, Path(path).name) for path in pruned]
     raise RunFolderError(
         f"run folder {layout.root}: the code of the {' and '.join(changed)} stage{'s' if len(changed) > 1 else ''} "
         f"changed since this run was written, so a resume would generate from its checkpoints again; the retention "
-        f"policy (run.keep_optimizer_checkpoints, run.keep_weights_every_steps) pruned the weights of {len(names)} of "
-        f"them ({names[0]}{' ... ' + Path(names[-1]).name if len(names) > 1 else ''}). {pruning.PRUNED_WEIGHTS_ADVICE}"
+        f"policy (run.keep_optimizer_checkpoints, run.keep_weights_every_steps) pruned the weights of {len(pruned)} of "
+        f"them ({pruned[0]}{' ... ' + Path(pruned[-1]).name if len(pruned) > 1 else ''}). {pruning.PRUNED_WEIGHTS_ADVICE}"
     )
 
 
@@ -147,8 +146,7 @@ def _weights_pruned(layout: RunLayout) -> list[str]:
     """The checkpoints of ``layout`` whose weights were pruned, by step."""
     records = run_store.glob(layout.checkpoints_dir, "step-*" + pruning.PRUNED_SUFFIX)
     folders = [record[: -len(pruning.PRUNED_SUFFIX)] for record in records]
-    return [folder for folder in folders
-            if any(f["part"] == "weights" for f in pruning.pruned_files(folder).values())]
+    return [folder for folder in folders if pruning.weights_pruned(folder)]
 
 
 def _step_of(checkpoint: str) -> int:
