@@ -6,7 +6,7 @@ commits a call and four calls a DAPO step. SQLite's defaults (a rollback journal
 FULL``) create, sync and delete a journal file on every commit: 1.5 ms a bare commit measured here
 with a training run beside it (0.04 ms in WAL without syncs); a trivial task call took 11-28 ms
 (4 ms after), and Flyte's bookkeeping 0.17 s of a steady main-job step under that load
-(benchmarks/RESULTS.md, "Flyte's local records in WAL mode ...").
+(benchmarks/journal/2026-11-21_to_2026-11-27.md, "Flyte's local records in WAL mode ...").
 
 In WAL mode with ``synchronous=NORMAL`` a commit appends to the write-ahead log without syncing
 (the log is synced when it is checkpointed into the database). A commit still survives the

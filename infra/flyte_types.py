@@ -4,7 +4,7 @@ The SDK (flyte 2.12) converts every dataclass input and output of every task cal
 and asks ``DataclassTransformer.get_literal_type`` for its type each time (twice per call:
 submit and execute), which builds the class's JSON schema with mashumaro from scratch: 50-200 ms
 for ``TrainConfig``, ~0.8 s for ``RunConfig`` on the developer machine under load, several tenths
-of a second per DAPO step (benchmarks/RESULTS.md, "Fixed per-step cost"). A class's schema
+of a second per DAPO step (benchmarks/journal/2026-11-21_to_2026-11-27.md, "Fixed per-step cost"). A class's schema
 cannot change while the process runs (a redefined class is another type, another entry), so the
 memo keeps the first result per type and hands out copies: callers may modify the protobuf they
 get. The literal types, and so the task cache keys, are the same as without it.

@@ -34,7 +34,7 @@ Three hand-offs are priced (:func:`step_handoff`):
   (fetch the weights, generate) and the train lane (fetch the parent, train, upload), instead of
   their sum. Only what a lane adds beyond ``max(generation, training)`` waits. Not the default:
   on the tiny task it learns 3.2 points less per step over 5 seeds (benchmarks/RESULTS.md,
-  "Pipelined against synchronous at the default config"), its samples being one step stale.
+  "Pipelined against synchronous steps"), its samples being one step stale.
 
 A transfer takes ``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``.
 """

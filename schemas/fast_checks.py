@@ -2,7 +2,7 @@
 
 pandera validates a pyarrow table through narwhals, one lazy expression and one materialisation
 per check: ~40-60 ms for a shard of the step loop, whatever its size, most of it fixed per-check
-overhead (benchmarks/RESULTS.md, "Fixed per-step cost"). The same checks over whole columns cost
+overhead (benchmarks/RESULTS.md, "Other benchmarks"). The same checks over whole columns cost
 ~1 ms. :func:`passes` answers "does ``table`` keep every check of ``model``?" from a plan read
 off the model's own pandera schema (``model.to_schema()``), so each setting stays declared once,
 in schemas/models.py:

@@ -27,7 +27,7 @@ from pandera.api.pyarrow.types import PyArrowData
 # dtype check, on every validation; without pyspark that import fails each time, and a failed
 # import searches sys.path again (~0.8 ms a column: a third to a half of validating a shard).
 # Recording the module as absent makes the import fail at once with the same ImportError, which
-# pandera catches (benchmarks/RESULTS.md, "Fixed per-step cost").
+# pandera catches (benchmarks/journal/2026-11-21_to_2026-11-27.md, "Fixed per-step cost").
 if importlib.util.find_spec("pyspark") is None:
     sys.modules.setdefault("pandera.engines.pyspark_engine", None)
 
