@@ -4,10 +4,12 @@ Cache keys are the tasks' inputs, output paths included, not the outputs' conten
 returns what the task returned the first time, even when the shard or checkpoint it names was
 deleted or damaged since. So the driver calls every task through ``call_verified``, which checks
 each output the call publishes (storage/digests.py) and, when one is missing, damaged or has no
-record, deletes that call's outputs and runs the task once more with its cache disabled for this
-call (``task.override(cache="disable")``: the body runs on the laptop and on a cluster alike).
-The re-made outputs land at the same paths with fresh records, so later re-runs hit the
-original cache entry and find them intact. What cannot be re-made is an error naming the files.
+record, deletes that call's outputs and runs the task once more under a cache key of its own
+(storage/remakes.py: a record beside the outputs marks the upstream-digest input), so the body runs
+on the laptop and on a cluster alike, and its result is cached under that key: every later call
+(a resume) computes the same key and returns the re-made result, never the first one, which the
+cache still holds under the old key. The re-made outputs land at the same paths with fresh
+records. What cannot be re-made is an error naming the files.
 What a cache hit points to is hashed again; an output the call itself just wrote is checked by
 size only, since its bytes were hashed into its digest record as they were written.
 Files the retention policy pruned (storage/pruning.py) are not missing: a pruned checkpoint's
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from storage import digests, pruning
+from storage import digests, pruning, remakes
 from workflows import progress
 
 
@@ -44,15 +46,16 @@ async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream:
     ``upstream`` names the published outputs the call reads (shards, checkpoints, the curation
     folder); their digest (``digests.upstream_digest``) is the task's last input, so the cache
     key covers what they hold, not only where they are: when an upstream stage re-ran and wrote
-    something else, this call and every call downstream of it run again.
+    something else, this call and every call downstream of it run again. A call made again gets
+    a key of its own (storage/remakes.py), so later calls return the re-made result.
     """
-    args = (*args, digests.upstream_digest(upstream))
+    upstream_digest = digests.upstream_digest(upstream)
     stamps = record_stamps(outputs)
-    result = await task.aio(*args)
+    result = await task.aio(*args, remakes.cache_key(outputs, upstream_digest))
     name = getattr(task, "short_name", None) or getattr(task, "name", repr(task))
     if not must_remake(name, outputs, stamps):
         return result
-    result = await task.override(cache="disable").aio(*args)
+    result = await task.aio(*args, remakes.record_remake(outputs, upstream_digest))
     check_remade(name, outputs)
     return result
 
@@ -67,8 +70,9 @@ def record_stamps(outputs: Sequence[str]) -> Stamps:
 
 def must_remake(name: str, outputs: Sequence[str], stamps: Stamps) -> bool:
     """True (said as a warning, the outputs' remembered digests forgotten) when a call of the task
-    ``name`` left ``outputs`` missing or damaged: run it once more with its cache disabled, then
-    :func:`check_remade`. ``stamps``: :func:`record_stamps` from before the call.
+    ``name`` left ``outputs`` missing or damaged: run it once more under the key
+    ``remakes.record_remake`` returns, then :func:`check_remade`. ``stamps``: :func:`record_stamps`
+    from before the call.
     """
     # A record this call wrote (a new stamp) describes bytes hashed as they were written; a cache
     # hit leaves the old record, and the files it names are hashed again.

@@ -352,3 +352,11 @@ def test_rerun_remakes_deleted_and_damaged_outputs(finished_run: RunLayout, run_
     assert digests.check(final) == [] and digests.check(batch) == [] and digests.check(scored) == []
     schemas.read_shard(batch, schemas.ScoredRollout)
     assert subprocess.run([*DAPO, "verify", str(layout.root)], cwd=REPO, env=_env()).returncode == 0
+    # Each re-made call has a cache entry of its own (storage/remakes.py): the next resume is all cache
+    # hits of those entries, so what it returns describes the re-made outputs, not the first ones.
+    from storage import remakes
+
+    assert all(Path(remakes.record_path(path)).is_file() for path in (final, batch, scored))
+    _dapo_run(run_root, "ref")
+    last = [r for r in action_records(layout) if r.run_name == flyte_runs(layout)[-1] and r.cache_enabled]
+    assert last and all(r.cache_hit for r in last), [(r.task_name, r.cache_hit) for r in last if not r.cache_hit]

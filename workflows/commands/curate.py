@@ -6,7 +6,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from dapo_core.answers import (
     DAPO_PROMPT_TEMPLATE,
@@ -15,7 +14,7 @@ from dapo_core.answers import (
 from engines.curation import CurateReport, curate_sources
 from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
-from storage import digests, outputs, run_store
+from storage import digests, outputs, remakes, run_store
 from tasks.curate import curate
 from workflows.exit_codes import BAD_INPUT
 from workflows.local_flyte import run_local
@@ -52,17 +51,17 @@ def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> Cu
     flyte.init()
     upstream = digests.upstream_digest([split_suffix(spec)[0] for spec in inputs])
 
-    def run(task: Any) -> CurateReport:
+    def run(key: str) -> CurateReport:
         # Flyte's raw-data and action folders for the call (nothing is offloaded: the report is
         # small), removed after; left to Flyte, both stay in /tmp/flyte (workflows/local_flyte.py).
         with tempfile.TemporaryDirectory(prefix="dapo-flyte-") as folder:
-            return run_local(task, {"inputs": inputs, "out_dir": out_dir, "config": config, "upstream_digest": upstream},
+            return run_local(curate, {"inputs": inputs, "out_dir": out_dir, "config": config, "upstream_digest": key},
                              raw_data=Path(folder) / "raw", actions=Path(folder) / "actions")
 
     stamps = record_stamps([out_dir])
-    report = run(curate)
-    if must_remake("curate", [out_dir], stamps):
-        report = run(curate.override(cache="disable"))
+    report = run(remakes.cache_key([out_dir], upstream))
+    if must_remake("curate", [out_dir], stamps):  # made again under a key of its own (storage/remakes.py)
+        report = run(remakes.record_remake([out_dir], upstream))
         check_remade("curate", [out_dir])
     return report
 
