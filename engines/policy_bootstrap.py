@@ -11,8 +11,9 @@ Three sources:
   where a warm-up's are not (CPU numerics differ between processor models, and the warm-up's
   stopping step with them), so the default run starts from the same policy everywhere, as a
   real DAPO run starts from a published base model.
-- a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): copied,
-  or linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added; a
+- a path to a local HF model folder (e.g. a real Qwen2.5 checkpoint on a GPU cluster): its
+  weights, config and tokenizer files (never its optimizer state or other files) copied, or
+  linked file by file, as the step-0 checkpoint with ``dapo_checkpoint.json`` added; a
   folder that is itself a published checkpoint (a shipped policy) keeps its lineage under
   ``source_checkpoint``.
 
@@ -104,8 +105,19 @@ def check_import_folder(source_dir: str | Path) -> Path:
     return source_dir
 
 
+def _model_files(source_dir: Path) -> list[Path]:
+    """The files an import takes from ``source_dir``: weights (safetensors), config and tokenizer.
+
+    Never its optimizer state (``ds_state/``: pickles that DeepSpeed would unpickle, running any
+    code a crafted folder put there, when the run's first step resumed it), pickled ``.bin``
+    weights, code or anything else; the run's optimizer starts fresh at step 0.
+    """
+    return [path for path in sorted(source_dir.iterdir()) if path.is_file() and checkpoints.is_model_file(path.name)]
+
+
 def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: bool = False) -> Path:
-    """Publish a local HF model folder as the step-0 checkpoint at ``out_dir``.
+    """Publish a local HF model folder as the step-0 checkpoint at ``out_dir``: its weights, config and
+    tokenizer files (:func:`_model_files`).
 
     Files are copied (or symlinked with ``link``: fast for large models, but the checkpoint then
     depends on the source staying in place). The checkpoint id digests the weight files.
@@ -118,14 +130,10 @@ def import_local_model(source_dir: str | Path, out_dir: str | Path, *, link: boo
             return out_dir  # an earlier run imported the same folder
     staging = checkpoints.staging_dir(out_dir)
     try:
-        for path in sorted(source_dir.iterdir()):
-            if path.name == checkpoints.METADATA_FILE or path.name.startswith("."):
-                continue
+        for path in _model_files(source_dir):
             target = staging / path.name
             if link:
                 os.symlink(path, target)
-            elif path.is_dir():
-                shutil.copytree(path, target)
             else:
                 shutil.copy2(path, target)
         inputs: dict[str, Any] = {"source": str(source_dir), "linked": link}

@@ -1,8 +1,10 @@
 """What a training launch reads from and writes into checkpoint folders.
 
-- **resume** (``load_ds_state``): restore the parent's DeepSpeed state (Adam moments, update
-  count, LR schedule) from its ``ds_state/``, refusing a layout (world size, ZeRO stage) that
-  ZeRO's per-rank partitions cannot be loaded into.
+- **resume** (``resumes_optimizer_state``, ``load_ds_state``): whether a step restores the
+  parent's DeepSpeed state (Adam moments, update count, LR schedule) from its ``ds_state/`` (only
+  a train step's state that its digest record vouches for), and restoring it with the weights-only
+  unpickler, refusing a layout (world size, ZeRO stage) that ZeRO's per-rank partitions cannot be
+  loaded into.
 - **save/export** (``save_and_export``): the DeepSpeed checkpoint (``ds_state/``, with optimizer
   state, and ``DS_META_FILE`` recording its layout and update count) and the consolidated HF
   checkpoint (safetensors + config + tokenizer files) into the staging folder;
@@ -14,11 +16,16 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import importlib
 import json
+import os
+import pickle
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,10 +46,17 @@ _NOT_COPIED = {"config.json", "generation_config.json", "dapo_checkpoint.json", 
 
 def resumes_optimizer_state(checkpoint: str | Path, *, resume_optimizer: bool) -> bool:
     """True when a step from ``checkpoint`` (a path or a URI) restores its DeepSpeed state: asked to,
-    and the state's record is there (a step-0 policy has none: the step starts a fresh optimizer)."""
-    from storage import run_store  # not at import: the worker processes never need it
+    the checkpoint was published by a training step (a step-0 policy starts a fresh optimizer, an
+    imported one too), the state is there, and the checkpoint's digest record vouches for every file
+    of it (storage/checkpoints.py: unvouched_optimizer_state): DeepSpeed's state is pickles, which
+    are never loaded from a folder the pipeline did not record (and then only with the weights-only
+    unpickler, :func:`load_ds_state`). Whoever starts the step refuses a step>0 parent whose state
+    it was asked to resume and cannot (engines/train_launch.py: schedule_start)."""
+    from storage import checkpoints, run_store  # not at import: the worker processes never need it
 
-    return resume_optimizer and run_store.exists(run_store.join(str(checkpoint), DS_STATE_DIR, DS_META_FILE))
+    return (resume_optimizer and checkpoints.read_info(checkpoint).produced_by == "train"
+            and run_store.exists(run_store.join(str(checkpoint), DS_STATE_DIR, DS_META_FILE))
+            and not checkpoints.unvouched_optimizer_state(checkpoint))
 
 
 def parent_fetch_skip(*, resume: bool, other_ranks_state: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -69,12 +83,51 @@ def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, 
                 f"{state_dir}: optimizer state was saved with {key}={meta[key]} but this step runs with "
                 f"{key}={now}; keep them equal or set resume_optimizer=False to start a fresh optimizer"
             )
-    path, _ = engine.load_checkpoint(
-        str(state_dir), tag=meta["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
-    )
+    try:
+        with weights_only_unpickling():
+            path, _ = engine.load_checkpoint(
+                str(state_dir), tag=meta["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+    except pickle.UnpicklingError as err:
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        why = f"it asks for {named.group(1)}" if named else "not a weights-only pickle"
+        raise TrainStepFailure(f"{state_dir}: refused to load the optimizer state: it holds more than tensors and "
+                               f"DeepSpeed's own records ({why}); it was not written by this pipeline's training") from err
     if path is None:
         raise TrainStepFailure(f"{state_dir}: DeepSpeed could not load tag {meta['tag']!r}")
     return int(meta["updates_done"])
+
+
+# What DeepSpeed's checkpoint files hold besides tensors and plain containers (ZeRO 1-3, fp32 and
+# bf16, from its optimizer's state): data-only classes, rebuilt from their fields without running code.
+_DEEPSPEED_RECORDS = (
+    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+    ("deepspeed.utils.tensor_fragment", "fragment_address"),
+)
+
+
+@contextlib.contextmanager
+def weights_only_unpickling() -> Iterator[None]:
+    """Every ``torch.load`` inside uses torch's weights-only unpickler, which builds tensors,
+    containers and the allowed DeepSpeed records only, and refuses any other object
+    (``pickle.UnpicklingError``) instead of calling it: DeepSpeed loads its checkpoint with
+    ``weights_only=False``, which runs whatever a crafted ``ds_state/*.pt`` asks for (a
+    ``__reduce__``). ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides the argument torch is given."""
+    allowed = [getattr(importlib.import_module(module), name) for module, name in _DEEPSPEED_RECORDS]
+    before = os.environ.get(_FORCE_WEIGHTS_ONLY)
+    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
+    try:
+        with torch.serialization.safe_globals(allowed):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
+        else:
+            os.environ[_FORCE_WEIGHTS_ONLY] = before
+
+
+_FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
 def full_fp32_state(engine: DeepSpeedEngine, *, rank: int) -> dict[str, torch.Tensor]:

@@ -2,7 +2,8 @@
 
 ``build_engine`` loads the parent HF checkpoint in fp32 (``load_policy``: partitioned from the
 start under ZeRO-3) and wraps it in a DeepSpeed engine (ZeRO 1/2/3, fp32 or bf16, torch AdamW, the
-paper's linear warm-up, gradient clipping; the config is infra/deepspeed.py's).
+paper's linear warm-up continued from the parent's update count (``warmup_scheduler``), gradient
+clipping; the config is infra/deepspeed.py's).
 ``forward_log_probs`` gives the current policy's log-prob of every token (the old log-probs before
 the first update, the new ones in each update) with the entropy the step reports, either from the
 full logits or chunk by chunk from the hidden states (dapo_core/logprobs.py). ``probe_logits`` is
@@ -35,6 +36,24 @@ def warmup_lr_factor(update_index: int, warmup_updates: int) -> float:
     if warmup_updates <= 0:
         return 1.0
     return min(1.0, (update_index + 1) / warmup_updates)
+
+
+def warmup_scheduler(optimizer: torch.optim.Optimizer, *, warmup_updates: int, updates_done: int
+                     ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The linear warm-up (:func:`warmup_lr_factor`) over ``optimizer``, standing after ``updates_done``
+    updates: the next update runs at ``lr * warmup_lr_factor(updates_done, warmup_updates)``, as it
+    would after that many steps of a schedule started at 0 (``last_epoch``, torch's resume index).
+
+    The updates done travel with the checkpoint (storage/checkpoints.py: CheckpointInfo.optimizer_updates),
+    so a step that starts a fresh optimizer (``resume_optimizer: false``, a parent without its
+    optimizer state) continues the warm-up instead of restarting it at every step.
+    """
+    if updates_done < 0:
+        raise ValueError(f"updates_done={updates_done} must be >= 0")
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])  # what torch sets itself on a schedule started at 0
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: warmup_lr_factor(u, warmup_updates),
+                                             last_epoch=updates_done - 1)
 
 
 def load_policy(parent: str, ds_config: dict[str, Any], *, zero_stage: int, weights: bool = True) -> PreTrainedModel:
@@ -109,9 +128,12 @@ def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     warmup = spec.warmup_updates
+    # A resumed state restores the schedule's own state (engines/train_checkpoint.py: load_ds_state),
+    # which went on from the same start; a fresh optimizer's schedule starts where the parent's stood.
+    updates_done = 0 if spec.resume_ds_state is not None else spec.start_updates
 
     def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: warmup_lr_factor(u, warmup))
+        return warmup_scheduler(optimizer, warmup_updates=warmup, updates_done=updates_done)
 
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=ds_config, lr_scheduler=make_scheduler

@@ -39,6 +39,7 @@ from engines.train_publish import (
     made_from,
     publish_step,
     published_result,
+    train_code_version,
 )
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
@@ -94,7 +95,8 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
 
 
 # Spec fields that change from request to request; all others are baked into a warm group's engine.
-_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "steps", "out_dir", "probe_input_ids", "probe_path")
+_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "start_updates", "steps", "out_dir", "probe_input_ids",
+                   "probe_path")
 
 
 # TrainConfig fields that do not shape the engine (a change must not restart a warm group).
@@ -216,15 +218,65 @@ def _check_batches(steps: Sequence[tuple[int, Sequence[str | Path]]], config: Tr
     return batches_meta
 
 
+def schedule_start(checkpoint_dir: Path, *, config: TrainConfig, resume: bool) -> int:
+    """Optimizer updates the parent checkpoint's LR schedule has taken: where this launch's schedule
+    starts (engines/train_engine.py: warmup_scheduler), whether or not it resumes the parent's state.
+
+    Refuses (:class:`TrainInputError`, before any worker starts) a step>0 parent whose optimizer
+    state ``train.resume_optimizer`` asks for but this step cannot resume (``resume``: pruned, never
+    kept, or not vouched for by its digest record), rather than falling back to a fresh optimizer
+    unsaid; and a parent written before checkpoints recorded their update count, with no optimizer
+    state to read it from, when a warm-up makes the count matter.
+    """
+    parent = checkpoints.read_info(checkpoint_dir)
+    if parent.produced_by != "train":
+        return 0  # a step-0 policy (built or imported): its run's first update is next
+    if config.resume_optimizer and not resume:
+        raise TrainInputError(_cannot_resume(checkpoint_dir, parent.step))
+    if parent.optimizer_updates is not None:
+        return parent.optimizer_updates
+    meta = checkpoint_dir / DS_STATE_DIR / DS_META_FILE
+    if meta.is_file():  # written before the count was recorded in the checkpoint: its state's record has it
+        return int(json.loads(meta.read_text())["updates_done"])
+    if config.warmup_steps == 0:
+        return 0  # a flat schedule: every update runs at train.lr, wherever the count stands
+    raise TrainInputError(
+        f"{checkpoint_dir} (step {parent.step}) was written before checkpoints recorded their optimizer update "
+        f"count and has no optimizer state ({DS_STATE_DIR}/) to read it from, so where its LR warm-up stands is "
+        f"unknown (train.warmup_steps={config.warmup_steps}); train from a checkpoint that kept its optimizer state, "
+        "or set train.warmup_steps=0"
+    )
+
+
+def _cannot_resume(checkpoint_dir: Path, step: int) -> str:
+    """The one line that refuses to train from ``checkpoint_dir`` (a local copy of a store's checkpoint
+    is named, and looked at, in the store) without the optimizer state asked for."""
+    origin = run_store.source_name(checkpoint_dir)
+    fix = ("set train.resume_optimizer=false to train from its weights with a fresh optimizer (the LR schedule "
+           "continues where it stood)")
+    if not run_store.exists(run_store.join(origin, DS_STATE_DIR, DS_META_FILE)):
+        return (f"{origin} (step {step}) has no optimizer state ({DS_STATE_DIR}/ pruned by the retention "
+                "policy, or not kept: train.keep_optimizer_state was false), and train.resume_optimizer=true asks "
+                f"to resume it; {fix}")
+    problems = checkpoints.unvouched_optimizer_state(origin) or ["not written by a training step"]
+    more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    return (f"{origin} (step {step}): its optimizer state is not loaded, since no digest record the pipeline "
+            f"wrote vouches for it ({problems[0]}{more}; DeepSpeed's state is pickles, which can run code), and "
+            f"train.resume_optimizer=true asks to resume it; {fix}, or train from the checkpoint in its run folder")
+
+
 def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
                  config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
                  probe_path: str | Path | None = None) -> dict[str, Any]:
-    """The JSON spec every worker rank gets (engines/train_spec.py: WorkerSpec)."""
+    """The JSON spec every worker rank gets (engines/train_spec.py: WorkerSpec); refuses a parent
+    whose optimizer state or schedule cannot be continued (:func:`schedule_start`)."""
     ds_state = checkpoint_dir / DS_STATE_DIR
+    start_updates = schedule_start(checkpoint_dir, config=config, resume=resume)
     return {
         "train": asdict(config),  # the stage's settings whole: the worker reads what it needs
         "parent_checkpoint": str(checkpoint_dir.resolve()),
         "resume_ds_state": str(ds_state.resolve()) if resume else None,
+        "start_updates": start_updates,
         "steps": batches_meta,
         "out_dir": str(staging.resolve()),
         "metrics_path": str(work_dir / "metrics.json"),
@@ -242,6 +294,7 @@ def train_steps(
     config: TrainConfig,
     probe_input_ids: list[list[int]] | None = None,
     probe_path: str | Path | None = None,
+    resume: bool | None = None,
 ) -> TrainStepResult:
     """Run consecutive training steps in ONE engine launch and publish only the last checkpoint.
 
@@ -249,6 +302,12 @@ def train_steps(
     in memory, which tests compare with steps chained through saved checkpoints.
     ``probe_input_ids`` (equal-length rows) makes the workers save the updated policy's logits
     on them to ``probe_path`` (tests: the export must reload with identical logits).
+    ``resume``: whether the first step restores the parent's optimizer state, as
+    ``train_step_in_store`` decided it on the checkpoint in the run store (its digest record
+    vouches for it: engines/train_checkpoint.py: resumes_optimizer_state); None decides it here on
+    ``checkpoint_dir``, a local folder the caller trusts as a train step published it (the digest
+    record is not required); either way only a train step's state is resumed, and it is unpickled
+    weights-only.
     """
     if not steps:
         raise TrainStepError("no step to run")
@@ -257,16 +316,19 @@ def train_steps(
     t_start = time.perf_counter()
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
     batch_sha256 = batch_sha256_of([s for _, shards in steps for s in shards])
-    if checkpoints.is_complete(out_dir):
-        if made_from(out_dir, config=config, batch_sha256=batch_sha256):
-            return finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
-        discard_published(out_dir, "published from another config or batch")
+    published = checkpoints.is_complete(out_dir)
+    if published and made_from(out_dir, config=config, batch_sha256=batch_sha256, code_version=train_code_version()):
+        return finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
     # Only now, when it must train: a published step is reused above even if its parent was pruned
-    # since (a resume whose train code changed). Pruned weights went with the optimizer state.
+    # since (its cache entry lost). Pruned weights went with the optimizer state. Refused before the
+    # published step is discarded: it stays for the code that made it.
     pruning.require_weights(checkpoint_dir)
+    if published:
+        discard_published(out_dir, "published from another config, batch or train code")
     batches_meta = _check_batches(steps, config, parent.step)
-    ds_state = checkpoint_dir / DS_STATE_DIR
-    resume = config.resume_optimizer and (ds_state / DS_META_FILE).is_file()
+    if resume is None:
+        resume = config.resume_optimizer and parent.produced_by == "train" and \
+            (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     try:
@@ -301,13 +363,15 @@ def train_step(
     *,
     step: int,
     config: TrainConfig,
+    resume: bool | None = None,
 ) -> TrainStepResult:
     """One DAPO step: update the policy in ``checkpoint_dir`` on the kept rows of ``scored_shards``.
 
     Publishes the next checkpoint at ``out_dir`` (atomic) and returns its id, StepMetrics row and
     timings. Raises ``TrainStepError`` naming the step on bad input or a failed update.
+    ``resume``: as for :func:`train_steps`.
     """
-    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config)
+    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config, resume=resume)
 
 
 def train_step_in_store(
@@ -323,23 +387,28 @@ def train_step_in_store(
     The parent checkpoint (with its optimizer state, and without its HF weights when the step
     resumes that state, which restores them) and the batch are fetched into the local mirror; the
     step publishes into the mirror, and the folder is uploaded with its ``dapo_checkpoint.json``
-    last. The result names ``out_dir`` as given (the URI).
+    last. The result names ``out_dir`` as given (the URI). The optimizer state is resumed only when
+    the checkpoint's digest record, written when the pipeline published it, vouches for it
+    (engines/train_checkpoint.py: resumes_optimizer_state); asked to resume one that it does not
+    vouch for, the step is refused (:func:`schedule_start`).
     """
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
         with outputs.output(out_dir, folder=True):  # records the published folder's digests
-            return train_step(parent_local, shards, out_dir, step=step, config=config)
-    if checkpoints.is_complete(out_dir):
-        # Uploaded before the task's result was recorded (killed in between): reuse it if it was
-        # made from these inputs.
-        if made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards)):
-            return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
-        discard_published(out_dir, "published from another config or batch")
+            return train_step(parent_local, shards, out_dir, step=step, config=config, resume=resume)
+    published = checkpoints.is_complete(out_dir)
+    # Uploaded before the task's result was recorded (killed in between): reuse it if it was made
+    # from these inputs by this train code.
+    if published and made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards),
+                               code_version=train_code_version()):
+        return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
     pruning.require_weights(checkpoint_dir)  # the mirror copy has no pruned record; the store has
+    if published:
+        discard_published(out_dir, "published from another config, batch or train code")
     with outputs.output(out_dir, folder=True) as local:
-        result = train_step(parent_local, shards, local, step=step, config=config)
+        result = train_step(parent_local, shards, local, step=step, config=config, resume=resume)
     return dataclasses.replace(result, checkpoint_dir=out_dir)
 
 

@@ -4,14 +4,16 @@ publish, and the reuse of a step that was already published.
 The launch (engines/train_launch.py, or every elastic rank: engines/train_rank.py) leaves the
 trained policy in a hidden staging folder; :func:`publish_step` gives it an id, writes the
 StepMetrics row (``train_metrics.parquet``) and finer timings (``train_timings.json``) beside the
-weights, records what it was made from (config, batch sha256, optimizer resume) and publishes by
-rename (storage/checkpoints.py). A re-run of a step whose output is already published reuses it
-when :func:`made_from` says it came from the same config and batch: training is not
-bit-reproducible across launches, so the published checkpoint stays the step's one result."""
+weights, records what it was made from (config, batch sha256, the train stage's code version,
+optimizer resume) and publishes by rename (storage/checkpoints.py). A re-run of a step whose output
+is already published reuses it when :func:`made_from` says it came from the same config, batch and
+train code: training is not bit-reproducible across launches, so the published checkpoint stays the
+step's one result."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from infra import versioning
 from settings.train import TrainConfig
 from storage import checkpoints, digests, run_store
 
@@ -143,14 +146,27 @@ def batch_sha256_of(shards: Sequence[str | Path]) -> str:
     return digest.hexdigest()
 
 
-def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str) -> bool:
-    """True when the checkpoint published at ``out_dir`` was trained with ``config`` on that batch.
+@functools.lru_cache(maxsize=1)
+def train_code_version() -> str:
+    """The train stage's code version: the train task's cache version (tasks/train.py, infra/versioning.py),
+    computed as the task computes it, once per process (the code it runs). Recorded in each published
+    step's inputs and compared by :func:`made_from`."""
+    return versioning.code_version("train", versioning.PROJECT_ROOT, "tasks.train")
 
-    A re-run of a step reuses its published checkpoint only then; another config or other batch
-    content (an upstream stage re-made its shards) means the folder holds another step's result.
+
+def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str, code_version: str) -> bool:
+    """True when the checkpoint published at ``out_dir`` was trained with ``config`` on that batch by
+    the train code of version ``code_version`` (:func:`train_code_version`).
+
+    A re-run of a step reuses its published checkpoint only then; another config, other batch
+    content (an upstream stage re-made its shards) or other train code (a fixed loss) means the
+    folder holds another step's result. A step published before the version was recorded has none:
+    its code is unknown and it is reused, so run folders of older code stay resumable.
     """
     inputs = checkpoints.read_info(out_dir).inputs
-    return inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
+    recorded_code = inputs.get("train_code_version")
+    return (inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
+            and recorded_code in (None, code_version))
 
 
 def discard_published(out_dir: str | Path, why: str) -> None:
@@ -192,8 +208,12 @@ def publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], 
             "steps": [b["step"] for b in batches_meta],
             "config": asdict(config),
             "batch_sha256": batch_sha256_of([s for b in batches_meta for s in b["shards"]]),
+            "train_code_version": train_code_version(),  # compared by made_from on a re-run
             "resumed_optimizer_state": resume,
         },
+        # Where the LR schedule stands (the parent's count plus this launch's updates): the next step
+        # starts its schedule there even with a fresh optimizer (engines/train_launch.py: schedule_start).
+        optimizer_updates=int(worker_metrics[-1]["updates_done"]),
     )
     timings["publish_s"] = time.perf_counter() - t_publish
     timings["time_train_s"] = time.perf_counter() - t_start

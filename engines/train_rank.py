@@ -34,8 +34,12 @@ from engines.train_launch import _check_batches, _worker_spec
 from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
+    batch_sha256_of,
+    discard_published,
+    made_from,
     publish_step,
     published_result,
+    train_code_version,
 )
 from engines.train_spec import DS_STATE_DIR, WorkerSpec
 from settings.train import TrainConfig
@@ -110,6 +114,9 @@ def _prepare_folders(job: _RankStep) -> None:
             folder.mkdir(parents=True)
         if job.remote:
             shutil.rmtree(job.out_dir, ignore_errors=True)
+    if job.rank == 0 and checkpoints.is_complete(job.out_uri):
+        # Published from other inputs or train code (every rank decided so before the rendezvous).
+        discard_published(job.out_uri, "published from another config, batch or train code")
     if job.remote and job.rank == 0:
         run_store.remove(job.out_uri)  # what a killed attempt uploaded (it has no marker)
 
@@ -194,7 +201,8 @@ def train_step_as_rank(
     checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir, skip=skip), run_store.local_path(out_uri)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
-    if checkpoints.is_complete(out_uri):
+    if checkpoints.is_complete(out_uri) and made_from(out_uri, config=config, batch_sha256=batch_sha256_of(scored_shards),
+                                                     code_version=train_code_version()):
         return published_result(out_uri, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
     batches_meta = _check_batches([(step, list(scored_shards))], config, parent.step)
     staging, work_dir = _shared_names(out_dir, step)

@@ -38,6 +38,9 @@ class WorkerSpec:
     out_dir: str  # staging folder that receives the HF export and ds_state/
     metrics_path: str  # JSON written by rank 0: one metrics dict per step
     error_path: str  # text file written by the failing rank
+    # Optimizer updates the parent's LR schedule has taken (engines/train_launch.py: schedule_start):
+    # where a fresh optimizer's warm-up starts; a resumed state must agree with it.
+    start_updates: int = 0
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
     serve_dir: str | None = None  # serve mode: the request mailbox (engines/train_server.py); None = one launch

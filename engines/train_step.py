@@ -137,13 +137,16 @@ class StepRunner:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.device = rank_device()
-        self.updates_done = 0
+        self.updates_done = spec.start_updates  # the parent's; counts on through every update of this engine
         self.head_calls: int | None = None  # output-head calls per forward with chunked log-probs (_plan)
         self.last_saved: tuple[int, int] | None = None  # (step, updates_done) of the last save()
         self.engine, self.pad_token_id = build_engine(spec, world_size=self.world_size)
         if spec.resume_ds_state:
-            self.updates_done = load_ds_state(self.engine, Path(spec.resume_ds_state), world_size=self.world_size,
-                                              zero_stage=spec.train.zero_stage)
+            restored = load_ds_state(self.engine, Path(spec.resume_ds_state), world_size=self.world_size,
+                                     zero_stage=spec.train.zero_stage)
+            if restored != spec.start_updates:  # the schedule DeepSpeed restored is not where the parent's record says
+                raise TrainStepFailure(f"{spec.resume_ds_state}: optimizer state after {restored} updates, but its "
+                                       f"checkpoint records {spec.start_updates}")
 
     def run_step(self, step: int, shards: list[str], parent_version: int) -> dict[str, Any]:
         """One training step on ``shards``; ``parent_version`` is the step of the checkpoint being
@@ -353,6 +356,7 @@ class StepRunner:
             "grad_norm": sum(record.grad_norms) / len(record.grad_norms) if record.grad_norms else float("nan"),
             "grad_norms": record.grad_norms,
             "lr": record.lrs[-1] if record.lrs else float("nan"),
+            "lrs": record.lrs,  # each update's, in order
             "tokens": int(loss_tokens),
             "samples": sb.batch.num_samples,
             "masked_samples": int(sb.batch.loss_masked.sum()),

@@ -33,6 +33,7 @@ WEIGHT_SUFFIXES = (".safetensors",)
 # transformers 5 keeps apart); a checkpoint has some of them.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
 _FSYNC_THREADS = 8  # files fsynced at once when a checkpoint is published
 
 
@@ -45,6 +46,10 @@ class CheckpointInfo:
     parent_checkpoint_id: str | None  # the checkpoint it was trained from (None for step 0)
     produced_by: str  # the stage that wrote it: "bootstrap", "import" or "train"
     inputs: dict[str, Any] = field(default_factory=dict)  # data/config that produced it (lineage)
+    # Optimizer updates done when a train step wrote it: where the LR schedule stands, so the next
+    # step continues it even when it starts a fresh optimizer. None: a step-0 policy (no update), or a
+    # checkpoint written before this was recorded (engines/train_launch.py: schedule_start).
+    optimizer_updates: int | None = None
 
 
 class CheckpointError(RuntimeError):
@@ -62,6 +67,14 @@ def weights_digest(folder: str | Path) -> str:
         digest.update(path.name.encode())
         digests.file_sha256(path, feed=digest)  # the same read gives the file's own sha256 for its record
     return digest.hexdigest()[:16]
+
+
+def is_model_file(name: str) -> bool:
+    """Whether a file of an HF model folder is part of the model an import takes: weights
+    (safetensors and their shard index), config and tokenizer files. Nothing else (pickled
+    ``.bin`` weights, ``ds_state/``, code) is ever copied in from a folder of unknown origin."""
+    return (name.endswith(WEIGHT_SUFFIXES) or name.endswith(".safetensors.index.json")
+            or name in MODEL_CONFIG_FILES or name in TOKENIZER_FILES)
 
 
 def make_checkpoint_id(produced_by: str, step: int, folder: str | Path) -> str:
@@ -87,6 +100,50 @@ def read_info(folder: str | Path) -> CheckpointInfo:
         return CheckpointInfo(**json.loads(run_store.read_text(path)))
     except (json.JSONDecodeError, TypeError) as err:
         raise CheckpointError(f"{path}: unreadable checkpoint metadata: {err}") from err
+
+
+def unvouched_optimizer_state(folder: str | Path) -> list[str]:
+    """Why the DeepSpeed state in the checkpoint ``folder`` (a path or a URI) is not what its digest
+    record vouches for, one line per problem; empty when it is.
+
+    The record (storage/digests.py) is written by the pipeline when it publishes the checkpoint:
+    every ``ds_state/`` file there must be recorded, and every recorded one there with its size and
+    (for a path) its sha256. A file this process hashed and that is unchanged since (same inode,
+    size, modification time) is not read again. On an object store sizes are compared, as the
+    driver's checks do (the stores checksum objects themselves).
+    """
+    folder = str(folder).rstrip("/")
+    rec = digests.record_path(folder)
+    if not run_store.exists(rec):
+        return [f"{folder}: no digest record ({rec}) vouches for its {OPTIMIZER_STATE_DIR}/"]
+    try:
+        recorded: dict[str, dict[str, Any]] = json.loads(run_store.read_text(rec))["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{rec}: unreadable digest record: {err}"]
+    name = folder.rpartition("/")[2] if run_store.is_remote(folder) else run_store.local_path(folder).name
+    prefix = f"{name}/{OPTIMIZER_STATE_DIR}/"
+    there = {f"{prefix}{rel}": path for rel, path in _optimizer_state_files(folder).items()}
+    wanted = {key: want for key, want in recorded.items() if key.startswith(prefix)}
+    problems = [f"{path}: not in the digest record {rec}" for key, path in sorted(there.items()) if key not in wanted]
+    for key, want in sorted(wanted.items()):
+        path = there.get(key)
+        size = run_store.size(path) if path is not None else None
+        if path is None:
+            problems.append(f"{run_store.join(folder, key[len(name) + 1:])}: missing")
+        elif size != want["bytes"]:
+            problems.append(f"{path}: {size} bytes, {want['bytes']} recorded in {rec}")
+        elif not run_store.is_remote(path) and digests.known_file_sha256(path) != want.get("sha256"):
+            problems.append(f"{path}: sha256 differs from the one recorded in {rec}")
+    return problems
+
+
+def _optimizer_state_files(folder: str) -> dict[str, str]:
+    """``{relative path: path or URI}`` of the files under the checkpoint's ``ds_state/``."""
+    state = run_store.join(folder, OPTIMIZER_STATE_DIR)
+    if run_store.is_remote(folder):
+        return {uri[len(state) + 1:]: uri for uri in run_store.folder_files(state)}
+    local = run_store.local_path(state)
+    return {p.relative_to(local).as_posix(): str(p) for p in sorted(local.rglob("*")) if p.is_file()}
 
 
 def fetch_policy(folder: str | Path) -> Path:

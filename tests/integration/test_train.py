@@ -6,7 +6,8 @@ distinct configuration once and the tests compare what they produced:
 - A: 1 process, micro-batch = whole mini-batch, step 1 (also probes logits for the export test)
 - B: 2 processes, same step                     -> same weights as A (rank split + DeepSpeed averaging)
 - C: 1 process, micro-batch 1, via the Flyte task -> same weights as A (accumulation scaling)
-- D: step 2 from A's published checkpoint, via `dapo train` (optimizer state restored from ds_state/)
+- D: step 2 from A's published checkpoint (its digest record written), via `dapo train` (optimizer
+  state restored from ds_state/)
 - E: steps 1 and 2 in one engine                -> same weights as D (optimizer state really carried)
 - a plain-torch re-implementation of the step (AdamW, clipping, warm-up)  -> same weights as A
 
@@ -49,7 +50,7 @@ from engines.train_launch import _worker_env, _worker_spec, start_workers, train
 from engines.train_publish import METRICS_FILE, TrainStepError
 from engines.train_spec import DS_STATE_DIR  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
-from storage import checkpoints
+from storage import checkpoints, digests
 
 
 # A warm-up of 4 updates and tight clipping so the LR schedule and clipping both matter.
@@ -128,6 +129,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
 
     sets = [f"train.{k}={v}" for k, v in (("micro_batch_samples", 4), ("updates_per_step", 2), ("lr", 3e-3),
                                            ("weight_decay", 0.1), ("warmup_steps", 2), ("tis_cap", 2.0), ("seed", 7))]
+    # Published as the pipeline publishes (tasks/train.py records its digests): `dapo train` resumes
+    # only optimizer state that a digest record vouches for.
+    digests.record(root / "A1")
     argv = ["train", str(root / "A1"), str(shard2), "--out", str(root / "D2"), "--step", "2"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

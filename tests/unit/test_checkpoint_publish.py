@@ -83,3 +83,42 @@ def test_the_record_after_a_publish_does_not_read_the_large_files_again(tmp_path
     for name in ("model.safetensors", "ds_state/step000003/optim_states.pt", "ds_state/step000003/model_states.pt"):
         assert entry["files"][f"step-0003/{name}"]["sha256"] == hashlib.sha256((final / name).read_bytes()).hexdigest()
     assert not {"model.safetensors", "optim_states.pt", "model_states.pt"} & set(reads), reads
+
+
+def test_the_process_that_published_a_checkpoint_vouches_for_its_optimizer_state_without_reading_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next step checks the parent's ds_state/ against its digest record before resuming it
+    (engines/train_checkpoint.py: resumes_optimizer_state): in the process that published and recorded
+    it the files' sha256s are known (same inode, size, mtime), so the check reads none of them again;
+    another process hashes them. The update count travels in the metadata, absent = None (older ones)."""
+    import builtins
+    import io
+    import json
+    from dataclasses import asdict
+    from typing import Any
+
+    from storage import digests
+
+    staging, _ = _staging(tmp_path)
+    final = tmp_path / "checkpoints" / "step-0003"
+    info = checkpoints.CheckpointInfo(checkpoint_id=checkpoints.make_checkpoint_id("train", 3, staging), step=3,
+                                      parent_checkpoint_id="train-0002-x", produced_by="train", optimizer_updates=24)
+    checkpoints.publish(staging, final, info)
+    digests.record(str(final))
+    reads: list[str] = []
+    real_open = io.open
+
+    def counting_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "r" in mode and "b" in mode:
+            reads.append(Path(file).name)
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counting_open)
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert checkpoints.unvouched_optimizer_state(final) == []
+    monkeypatch.undo()
+    assert not {"optim_states.pt", "model_states.pt"} & set(reads), reads
+    assert checkpoints.read_info(final).optimizer_updates == 24
+    older = {k: v for k, v in asdict(info).items() if k != "optimizer_updates"}
+    (final / checkpoints.METADATA_FILE).write_text(json.dumps(older))
+    assert checkpoints.read_info(final).optimizer_updates is None

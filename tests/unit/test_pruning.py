@@ -110,8 +110,9 @@ def test_generating_from_a_checkpoint_whose_weights_were_pruned_fails_naming_it_
 
 
 def test_a_published_step_whose_parent_was_pruned_is_reused_not_refused(tmp_path: Path) -> None:
-    # A resume whose train code changed (a cache miss) replays step 4: its checkpoint is published,
-    # made from the same config and batch, so it is reused; the parent's pruned weights are not needed.
+    # A resume that misses the train task's cache (its entry lost) replays step 4: its checkpoint is
+    # published, made from the same config and batch (no train code version recorded: reused by any,
+    # tests/unit/test_train_code_version.py), so it is reused; the parent's pruned weights are not needed.
     import pyarrow as pa
 
     import schemas

@@ -14,7 +14,9 @@ from workflows.exit_codes import BAD_INPUT, FAILED
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", help="published checkpoint folder (a path or an object-store URI) to train from")
+    parser.add_argument("checkpoint", help="published checkpoint folder (a path or an object-store URI) to train from; "
+                        "its optimizer state is resumed only when its digest record (a run folder's) vouches for it, "
+                        "else refused: --set train.resume_optimizer=false trains from its weights with a fresh optimizer")
     parser.add_argument("scored", nargs="+", help="ScoredRollout shard(s) (files or folders)")
     parser.add_argument("--out", required=True, help="folder of the next checkpoint (published atomically)")
     parser.add_argument("--step", type=int, required=True, help="the step number this update produces")
