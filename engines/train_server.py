@@ -35,7 +35,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,6 +44,7 @@ from typing import Any
 
 from engines import mailbox_wake
 from engines.processes import process_tree
+from engines.train_dist import single_node_launch
 from engines.train_worker import (
     ack_path,
     error_prefix,
@@ -255,10 +255,11 @@ def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
 
     torchrun's log folder goes beside the spec, in the launch's own temp folder (removed after the
     step, or when the warm group stops): left to itself, torchrun makes a ``torchelastic_*`` folder
-    in the system temp folder for every launch and never removes it.
+    in the system temp folder for every launch and never removes it. Its rendezvous listens on the
+    loopback address only (engines/train_dist.py: ``single_node_launch``).
     """
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_processes}",
-            f"--log-dir={spec_path.parent / 'torchelastic'}", "-m", "engines.train_worker", str(spec_path)]
+    return [*single_node_launch(num_processes), f"--log-dir={spec_path.parent / 'torchelastic'}",
+            "-m", "engines.train_worker", str(spec_path)]
 
 
 def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:

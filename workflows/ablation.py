@@ -14,6 +14,11 @@ A seed changes the problem order, every rollout seed and the mini-batch shufflin
 curation, the step-0 policy and the evaluation's sampling seed stay fixed, so the seeds of a
 rung differ only in what the RL steps did. The table and curves are written by
 ``workflows/ablation_report.py``.
+
+The ladder folder ``<run-root>/<run name>-ladder`` holds only what a ladder writes
+(:data:`LADDER_ENTRIES`); a folder of that name holding anything else (a `dapo run` folder whose
+run was named so, a user's files) is refused before anything is written there
+(:func:`check_ladder_folder`), and a ladder folder an interrupted ladder left is resumed.
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ from workflows.run_binding import (
     check_run_folder,
     hold_run_folder,
 )
+from workflows.run_output import LOG_NAME
+
+# What a ladder writes at the top of its folder besides its rungs' folders: the shared run, its
+# log (workflows/run_output.py), the Flyte cache and records, and the table, page and curves
+# (workflows/ablation_report.py: write_ablation; tests/unit/test_ablation.py keeps the two in step).
+# Hidden names (the lock, temp files) are the ladder's too.
+LADDER_ENTRIES = ("shared", LOG_NAME.split("/")[0], "flyte", "ablation.json", "ablation.md", "curves.png", "index.html")
 
 
 @dataclass(frozen=True)
@@ -241,8 +253,28 @@ def ladder_folder(config: RunConfig, run_root: str | Path) -> Path:
     return Path(run_root).resolve() / f"{config.run.name}-ladder"
 
 
+def check_ladder_folder(config: RunConfig, ladder_dir: Path) -> None:
+    """Refuse (:class:`RunFolderError`) a folder at ``ladder_dir`` that is no ladder folder: one that holds
+    a name a ladder never writes at its top (:data:`LADDER_ENTRIES`, the rungs' folders, hidden names),
+    such as a `dapo run` folder whose run was named ``<name>-ladder`` (its ``run.json``, ``curate/``,
+    ``summary.json``). An empty folder, and one an interrupted ladder left, are the ladder's."""
+    if not ladder_dir.is_dir():
+        return
+    ours = {*LADDER_ENTRIES, *(rung.slug for rung in ladder(config))}
+    foreign = sorted(p.name for p in ladder_dir.iterdir() if p.name not in ours and not p.name.startswith("."))
+    if not foreign:
+        return
+    what = ("holds a run of `dapo run` (run.json)" if Path(RunLayout(str(ladder_dir)).run_record).exists()
+            else "is not an ablation ladder's folder")
+    listed = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+    raise RunFolderError(f"{ladder_dir} {what} ({listed}), where the ladder of run name {config.run.name!r} would be "
+                         "written; choose another --run-root or --set run.name=NEW_NAME")
+
+
 def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int], rungs: list[int]) -> None:
-    """Refuse (:class:`RunFolderError`) a ladder folder whose shared or rung runs hold another config."""
+    """Refuse (:class:`RunFolderError`) a folder that is no ladder folder (:func:`check_ladder_folder`), and a
+    ladder folder whose shared or rung runs hold another config."""
+    check_ladder_folder(config, ladder_dir)
     check_run_folder(RunLayout(ladder_dir / "shared"), config.to_dict())
     all_rungs = ladder(config)
     for index in rungs:
@@ -307,11 +339,13 @@ def run_cli(args: argparse.Namespace) -> int:
         seconds = sum(run["summary"]["wall_seconds"] for r in results for run in r["runs"])  # of the runs
         table, _ = write_ablation(ladder_dir, results, base=config, seconds=seconds)
     else:
-        from workflows.run_output import LOG_NAME, run_output
+        from workflows.run_output import run_output
 
-        log = ladder_folder(config, args.run_root) / LOG_NAME
+        ladder_dir = ladder_folder(config, args.run_root)
+        log = ladder_dir / LOG_NAME
         try:
             check_can_hold(log.parent)
+            check_ladder_folder(config, ladder_dir)  # before the log is written there
             with run_output(log, command="ablate", verbose=args.verbose), stop_on_sigterm():
                 table = run_ablation(config, args.run_root, seeds=args.seeds, rungs=args.rungs)
         except RunFolderError as err:

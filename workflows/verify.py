@@ -6,7 +6,10 @@ missing or damaged, one line per file. Shards and checkpoint files that no recor
 ``summary.json`` whose final checkpoint is gone, are reported too: deleting an output together
 with its record must not make a run look intact. Files the retention policy pruned (named in
 ``<checkpoint>.pruned.json``, storage/pruning.py) are reported as pruned, one line per
-checkpoint, not as missing. Exit status 1 when anything is wrong.
+checkpoint, not as missing. ``run.json`` is not a task output (the driver rewrites it on every
+invocation), so no digest record covers it; its config is checked against the config digest it
+records instead (:func:`run_record_problems`), so a hand-edited config does not pass for the one the
+run computed. Exit status 1 when anything is wrong; 2 when the folder is not a run folder.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from storage import checkpoints, digests, pruning, run_store
+from storage import checkpoints, digests, pruning, remakes, run_store
 from storage.run_layout import RunLayout
+from workflows.config import ConfigError, config_from_dict
+from workflows.exit_codes import BAD_INPUT, FAILED, OK
 
 # Written by the driver itself on every invocation (not task outputs): not recorded.
 _UNRECORDED = ("run.json", "summary.json")
@@ -38,12 +43,38 @@ def _needs_record(name: str) -> bool:
     return name.endswith(".parquet") or name.startswith("checkpoints/")
 
 
+def run_record_problems(layout: RunLayout) -> list[str]:
+    """Problems of the run's ``run.json``: a config that does not load, or whose digest (recomputed,
+    ``RunConfig.digest``) is not the ``config_digest`` it records. A record without a config (none
+    the driver writes), or none at all (a folder ``dapo verify`` would not take for a run), has
+    nothing to check."""
+    path = layout.run_record
+    if not run_store.exists(path):
+        return []
+    try:
+        record = json.loads(run_store.read_text(path))
+    except ValueError as err:
+        return [f"{path}: unreadable run record: {err}"]
+    if not isinstance(record, dict) or "config" not in record:
+        return []
+    if "config_digest" not in record:
+        return [f"{path}: records no config_digest; its config cannot be checked"]
+    try:
+        digest = config_from_dict(record["config"], source=path).digest()
+    except (ConfigError, TypeError, AttributeError) as err:
+        return [f"{path}: its config does not load: {err}"]
+    if digest != record["config_digest"]:
+        return [f"{path}: its config digests to {digest}, not the recorded {record['config_digest']} of the config "
+                "the run computed (edited by hand?)"]
+    return []
+
+
 def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
     """``(problems, files checked)`` of the run folder ``root``; no problems = intact."""
     layout = RunLayout(root)
     names = _files_under(layout.root)
     records = [n for n in names if n.endswith(digests.RECORD_SUFFIX)]
-    problems: list[str] = []
+    problems: list[str] = run_record_problems(layout)
     covered: set[str] = set()
     checked = 0
     for rec in records:
@@ -57,7 +88,8 @@ def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
         covered.update(f"{parent}/{key}" if parent else key for key in files)
         checked += len(set(files) - set(pruning.pruned_files(run_store.join(layout.root, output))))
     for name in names:
-        if (name in covered or name in _UNRECORDED or name.endswith((digests.RECORD_SUFFIX, pruning.PRUNED_SUFFIX))
+        if (name in covered or name in _UNRECORDED
+                or name.endswith((digests.RECORD_SUFFIX, pruning.PRUNED_SUFFIX, remakes.REMADE_SUFFIX))
                 or name.startswith("flyte/")):
             continue
         if _needs_record(name):
@@ -91,12 +123,12 @@ def _resolve(run: str, run_root: str) -> str:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """Print one line per missing or damaged file; exit 1 if there is any."""
+    """Print one line per missing or damaged file; exit 1 if there is any, 2 when ``args.run`` is no run folder."""
     try:
         root = _resolve(args.run, args.run_root)
     except FileNotFoundError as err:
-        print(f"dapo verify: {err}", file=sys.stderr)
-        return 1
+        print(f"dapo verify: error: {err}", file=sys.stderr)
+        return BAD_INPUT
     problems, checked = verify_run(root, deep=not args.sizes_only)
     pruned = pruned_outputs(root)
     for line in [*pruned, *problems]:
@@ -104,7 +136,7 @@ def run_cli(args: argparse.Namespace) -> int:
     verdict = f"{len(problems)} problem(s)" if problems else "intact"
     kept = f", {len(pruned)} checkpoint(s) pruned by the retention policy" if pruned else ""
     print(f"dapo verify: {root}: {checked} recorded file(s) checked{kept}, {verdict}", file=sys.stderr)
-    return 1 if problems else 0
+    return FAILED if problems else OK
 
 
-__all__ = ["pruned_outputs", "verify_run"]
+__all__ = ["pruned_outputs", "run_record_problems", "verify_run"]

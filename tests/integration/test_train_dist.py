@@ -90,3 +90,109 @@ def test_a_rank_joins_without_importing_mlflow_which_stays_importable(tmp_path: 
     stdout = run_single_rank(JOIN_WITHOUT_MLFLOW, timeout_s=180)
     assert "deepspeed imported mlflow: False" in stdout, stdout
     assert "mlflow importable: True" in stdout, stdout
+
+
+# ----------------------------------------------------------------------------- the one-node rendezvous
+
+HOLD = """
+import pathlib, sys, time
+import torch.distributed as dist
+from engines.train_dist import all_reduce_scalars, init_process
+rank = init_process()
+total = all_reduce_scalars([1.0])
+pathlib.Path(sys.argv[1], f"ready-{rank}").write_text(str(total))
+while not pathlib.Path(sys.argv[1], "done").exists():
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+def _listening(pids: list[int]) -> list[str]:
+    """``host:port`` of every TCP socket the processes ``pids`` listen on (Linux /proc)."""
+    import os
+
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # exited meanwhile
+        inodes.update(link[len("socket:["):-1] for link in links if link.startswith("socket:["))
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                found.append(_address(fields[1]))
+    return found
+
+
+def _address(hex_address: str) -> str:
+    import ipaddress
+
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    # /proc prints the address as 32-bit words in host (little-endian) order
+    ordered = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return f"{ipaddress.ip_address(ordered)}:{int(port, 16)}"
+
+
+def test_single_node_launch_names_the_loopback_address() -> None:
+    from engines.train_dist import LOOPBACK, single_node_launch
+
+    command = single_node_launch(2)
+    assert LOOPBACK == "127.0.0.1"
+    assert "--rdzv-endpoint=127.0.0.1:0" in command and "--local-addr=127.0.0.1" in command
+    assert "--standalone" not in command  # its rendezvous is "localhost:0" on the wildcard address
+    assert "--rdzv-endpoint=10.0.0.5:0" in single_node_launch(2, host="10.0.0.5")  # a parameter, not a constant
+
+
+def test_a_one_node_group_listens_on_the_loopback_address_only(tmp_path: Path) -> None:
+    # torchrun --standalone's rendezvous store and its agent's store for the ranks listened on the
+    # wildcard address (`*:port`): reachable from any machine on the network during a step.
+    import os
+    import subprocess
+    import time
+
+    from engines.processes import process_tree
+    from engines.train_dist import single_node_launch
+    from engines.train_server import REPO_ROOT
+
+    script = tmp_path / "hold.py"
+    script.write_text(HOLD)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO_ROOT)}
+    with (tmp_path / "log.txt").open("wb") as log:
+        proc = subprocess.Popen([*single_node_launch(2), f"--log-dir={tmp_path / 'torchelastic'}", str(script), str(tmp_path)],
+                                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not all((tmp_path / f"ready-{rank}").exists() for rank in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
+            time.sleep(0.1)
+        assert (tmp_path / "ready-1").read_text() == "[2.0]"  # the two ranks formed one group
+        listening = _listening(process_tree(proc.pid))
+        (tmp_path / "done").write_text("")
+        assert proc.wait(timeout=60) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+    assert listening, "no listening socket found (the rendezvous store listens during the step)"
+    assert [a for a in listening if not a.startswith(("127.0.0.1:", "::1:", "::ffff:127.0.0.1:"))] == [], listening
+
+
+def test_a_loopback_group_keeps_nccl_and_gloo_on_the_loopback_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On an H200 machine NCCL's bootstrap listened on the machine's network address (192.0.2.2:*)
+    # for a one-node group until NCCL_SOCKET_IFNAME named the loopback interface.
+    import os
+
+    from engines.train_dist import keep_collectives_on_loopback
+
+    for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        monkeypatch.delenv(variable, raising=False)
+    keep_collectives_on_loopback("10.0.0.5")  # a cluster address: its interfaces are the cluster's business
+    assert "NCCL_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in os.environ
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's choice wins
+    keep_collectives_on_loopback("127.0.0.1")
+    assert (os.environ["NCCL_SOCKET_IFNAME"], os.environ["GLOO_SOCKET_IFNAME"]) == ("lo", "eth7")

@@ -143,3 +143,69 @@ def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
     assert "| naive GRPO | 35.0% +/- 7.1% | 30.0%, 40.0% | - | reference |" in text
     # Welch: se = sqrt(0.005/2 + 0.005/2) = 0.0707 points-fraction; t(0.975, 1 df) = 12.706 -> +/- 89.8 pts
     assert "| + dynamic sampling (DAPO) | 55.0% +/- 7.1% | 50.0%, 60.0% | +20.0 pts (+/- 89.8) | +20.0 pts (+/- 89.8) |" in text
+
+
+# ----------------------------------------------------------------------------- the ladder folder
+
+
+def _ablate(run_root: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """``dapo ablate`` of configs/ablation-tiny.yaml into ``run_root``, with the ladder itself replaced by a
+    failure: only the checks before it run."""
+    from workflows import ablation
+    from workflows.cli import main
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the ladder was started")
+
+    monkeypatch.setattr(ablation, "run_driver_locally", started)
+    return main(["ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"), "--run-root", str(run_root),
+                 "--seeds", "0", "--rungs", "0"])
+
+
+def _finished_run(folder: Path) -> None:
+    """What `dapo run` leaves in a run folder (the parts a ladder never writes at its top)."""
+    for sub in ("curate", "checkpoints/step-0001", "logs"):
+        (folder / sub).mkdir(parents=True)
+    (folder / "run.json").write_text("{}")
+    (folder / "summary.json").write_text("{}")
+    (folder / "logs" / "dapo.log").write_text("the run's own log\n")
+
+
+@pytest.mark.parametrize("kind", ["a finished dapo run", "another folder"])
+def test_a_folder_of_the_ladders_name_that_is_no_ladder_is_refused_leaving_it_as_it_was(
+        kind: str, tmp_path: Path, base, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / f"{base.run.name}-ladder"  # `dapo run --set run.name=<name>-ladder` made it
+    if kind == "a finished dapo run":
+        _finished_run(folder)
+    else:
+        folder.mkdir()
+        (folder / "notes.txt").write_text("mine\n")
+    before = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
+    logged = (folder / "logs" / "dapo.log").read_text() if kind == "a finished dapo run" else None
+    code = _ablate(tmp_path, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert err.startswith(f"dapo ablate: {folder}") and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == before  # nothing written there
+    if logged is not None:
+        assert (folder / "logs" / "dapo.log").read_text() == logged
+
+
+def test_an_interrupted_ladder_folder_is_resumed_not_refused(tmp_path: Path, base) -> None:
+    from workflows.ablation import check_ladder_folder
+
+    folder = tmp_path / f"{base.run.name}-ladder"
+    check_ladder_folder(base, folder)  # not there yet
+    folder.mkdir()
+    check_ladder_folder(base, folder)  # empty
+    # What an interrupted ladder leaves: its log and lock, the Flyte cache, the shared run, a rung's run.
+    (folder / "logs").mkdir()
+    (folder / "logs" / "dapo.log").write_text("")
+    (folder / ".dapo-run.lock").write_text("{}")
+    (folder / "flyte").mkdir()
+    _finished_run(folder / "shared")
+    _finished_run(folder / ladder(base)[0].slug / "seed-0")
+    check_ladder_folder(base, folder)
+    # and a finished one, its table written (the names ablation_report writes)
+    write_ablation(folder, [{"name": "naive GRPO", "settings": {}, "runs": [_run(0, 0.3, [1.0])]}], base=base, seconds=1.0)
+    check_ladder_folder(base, folder)

@@ -4,7 +4,10 @@ The checkpoint is a folder (path or object-store URI) or a run folder, meaning i
 checkpoint (workflows/policy_source.py). The served model's name is the checkpoint id, stable
 for those weights. Engine settings are the rollout engine's: the run's ``rollout`` section when
 the checkpoint lies in a run folder (else the defaults), the context from the checkpoint's
-config. One line says the URL and the model name once the server answers; Ctrl-C stops it.
+config. One line says the URL and the model name once the server answers as that model (not
+merely once something answers on the port); Ctrl-C stops it. A port in use, out of range, or a
+host that is not an address of this machine is refused at once, before the checkpoint is read
+(engines/serving.py: ``check_address``).
 """
 
 from __future__ import annotations
@@ -46,23 +49,31 @@ def engine_settings_for(policy: PolicySource, *, max_model_len: int = 0,
     return rollout.engine_settings(config, context)
 
 
+def base_url(host: str, port: int) -> str:
+    """Where a client on this machine reaches a server listening on ``host:port``."""
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if serving.is_ipv6(host) else f"http://{host}:{port}"
+
+
 def run_cli(args: argparse.Namespace) -> int:
-    """``dapo serve``: start the server, print where it listens, serve until Ctrl-C."""
+    """``dapo serve``: start the server, print where it listens once it serves this model, serve until Ctrl-C."""
     try:
+        serving.check_address(args.host, args.port)  # at once, before the weights are read and checked
         policy = resolve_policy(args.checkpoint)
-    except (CheckpointError, FileNotFoundError) as err:
+    except (serving.AddressError, CheckpointError, FileNotFoundError) as err:
         print(f"dapo serve: error: {err}", file=sys.stderr)
         return BAD_INPUT
     settings = engine_settings_for(policy, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads)
     on_cpu = not vllm_engine.gpu_count()
     command = serving.server_command(policy.local_dir, settings, model_name=policy.checkpoint_id, host=args.host,
                                      port=args.port, on_cpu=on_cpu)
+    url = base_url(args.host, args.port)
     with tempfile.TemporaryDirectory(prefix="dapo-serve-", ignore_cleanup_errors=True) as temp_dir:
         env = serving.server_environment(settings, serving.socket_folder(Path(temp_dir)), on_cpu=on_cpu)
         process = serving.start_server(command, env)
-        base_url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
         try:
-            serving.wait_until_ready(process, base_url, timeout_s=args.ready_timeout)
+            serving.wait_until_ready(process, url, model_name=policy.checkpoint_id, timeout_s=args.ready_timeout)
         except serving.ServerError as err:
             serving.stop_server(process)
             print(f"dapo serve: error: {err} (its log is above)", file=sys.stderr)
@@ -70,6 +81,6 @@ def run_cli(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             serving.stop_server(process)
             return 0
-        print(f"dapo serve: {base_url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
+        print(f"dapo serve: {url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
               "Ctrl-C to stop", flush=True)
         return serving.serve_until_stopped(process)
