@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings.checks import check_fields
+from settings.checks import COUNT_MAX, WORKERS_MAX, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -36,22 +36,22 @@ class BootstrapConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "num_layers": (self.num_layers >= 1, "must be >= 1"),
-            "hidden_size": (self.hidden_size >= 1, "must be >= 1"),
-            "num_heads": (self.num_heads >= 1 and self.hidden_size % self.num_heads == 0,
-                          f"must be >= 1 and divide hidden_size={self.hidden_size}"),
-            "batch_size": (self.batch_size >= 1, "must be >= 1"),
+            "num_layers": (in_range(self.num_layers, 1, 1024), "must be in [1, 1024]"),
+            "hidden_size": (in_range(self.hidden_size, 1, 1 << 16), "must be in [1, 65536]"),
+            "num_heads": (in_range(self.num_heads, 1, 1024) and self.hidden_size % self.num_heads == 0,
+                          f"must be in [1, 1024] and divide hidden_size={self.hidden_size}"),
+            "batch_size": (in_range(self.batch_size, 1, 1 << 20), "must be in [1, 1048576]"),
             "learning_rate": (self.learning_rate > 0, "must be > 0"),
-            "max_steps": (self.max_steps >= 0, "must be >= 0"),
-            "eval_every_steps": (self.eval_every_steps >= 1, "must be >= 1"),
-            "eval_problems": (self.eval_problems >= 1, "must be >= 1"),
+            "max_steps": (in_range(self.max_steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}]"),
+            "eval_every_steps": (in_range(self.eval_every_steps, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "eval_problems": (in_range(self.eval_problems, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
             "target_accuracy_low": (0 <= self.target_accuracy_low <= 1, "must be in [0, 1]"),
             "target_accuracy_high": (self.target_accuracy_low <= self.target_accuracy_high <= 1,
                                      f"must be in [target_accuracy_low={self.target_accuracy_low}, 1]"),
-            "min_terms": (self.min_terms >= 1, "must be >= 1"),
-            "max_terms": (self.max_terms >= self.min_terms, f"must be >= min_terms={self.min_terms}"),
-            "max_operand": (self.max_operand >= 1, "must be >= 1"),
-            "max_check_lines": (self.max_check_lines >= 0, "must be >= 0"),
-            "synthetic_train_problems": (self.synthetic_train_problems >= 1, "must be >= 1"),
-            "cpu_threads": (self.cpu_threads >= 0, "must be >= 0 (0 = all cores)"),
+            "min_terms": (in_range(self.min_terms, 1, 1000), "must be in [1, 1000]"),
+            "max_terms": (in_range(self.max_terms, self.min_terms, 1000), f"must be in [min_terms={self.min_terms}, 1000]"),
+            "max_operand": (in_range(self.max_operand, 1, 10**12), "must be in [1, 10**12] (answers are 64-bit integers)"),
+            "max_check_lines": (in_range(self.max_check_lines, 0, 1000), "must be in [0, 1000]"),
+            "synthetic_train_problems": (in_range(self.synthetic_train_problems, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "cpu_threads": (in_range(self.cpu_threads, 0, WORKERS_MAX), f"must be in [0, {WORKERS_MAX}] (0 = all cores)"),
         })

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from dapo_core.answers import (
     DAPO_PROMPT_TEMPLATE,
 )
-from settings.checks import check_fields
+from settings.checks import COUNT_MAX, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,6 @@ class CurateConfig:
         check_fields(self, {
             "prompt_template": ("{problem}" in self.prompt_template, "must contain {problem}"),
             "test_fraction": (0 <= self.test_fraction < 1, "must be in [0, 1)"),
-            "rows_per_shard": (self.rows_per_shard >= 1, "must be >= 1"),
-            "max_problem_chars": (self.max_problem_chars >= 1, "must be >= 1"),
+            "rows_per_shard": (in_range(self.rows_per_shard, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "max_problem_chars": (in_range(self.max_problem_chars, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
         })

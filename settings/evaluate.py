@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings.checks import check_fields
+from settings.checks import COUNT_MAX, SAMPLES_MAX, TOKENS_MAX, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,10 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "samples_per_problem": (self.samples_per_problem >= 0, "must be >= 0 (0 = one per copy)"),
+            "samples_per_problem": (in_range(self.samples_per_problem, 0, SAMPLES_MAX), f"must be in [0, {SAMPLES_MAX}] (0 = one per copy)"),
             "temperature": (self.temperature > 0, "must be > 0"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
-            "max_response_tokens": (self.max_response_tokens >= 1, "must be >= 1"),
-            "max_problems": (self.max_problems >= 0, "must be >= 0 (0 = all)"),
+            "max_response_tokens": (in_range(self.max_response_tokens, 1, TOKENS_MAX), f"must be in [1, {TOKENS_MAX}]"),
+            "max_problems": (in_range(self.max_problems, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}] (0 = all)"),
             "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),
         })

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings.checks import check_fields
+from settings.checks import SAMPLES_MAX, TOKENS_MAX, WORKERS_MAX, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -26,16 +26,16 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "samples_per_prompt": (self.samples_per_prompt >= 1, "must be >= 1"),
+            "samples_per_prompt": (in_range(self.samples_per_prompt, 1, SAMPLES_MAX), f"must be in [1, {SAMPLES_MAX}]"),
             "temperature": (self.temperature > 0, "must be > 0"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1]"),
-            "max_response_tokens": (self.max_response_tokens >= 1, "must be >= 1"),
-            "max_model_len": (self.max_model_len >= 0, "must be >= 0 (0 = the model's max positions)"),
-            "engines": (self.engines >= 0, "must be >= 0 (0 = one per GPU)"),
-            "cpu_threads": (self.cpu_threads >= 0, "must be >= 0 (0 = all cores)"),
-            "cpu_kvcache_gib": (self.cpu_kvcache_gib >= 1, "must be >= 1"),
+            "max_response_tokens": (in_range(self.max_response_tokens, 1, TOKENS_MAX), f"must be in [1, {TOKENS_MAX}]"),
+            "max_model_len": (in_range(self.max_model_len, 0, TOKENS_MAX), f"must be in [0, {TOKENS_MAX}] (0 = the model's max positions)"),
+            "engines": (in_range(self.engines, 0, WORKERS_MAX), f"must be in [0, {WORKERS_MAX}] (0 = one per GPU)"),
+            "cpu_threads": (in_range(self.cpu_threads, 0, WORKERS_MAX), f"must be in [0, {WORKERS_MAX}] (0 = all cores)"),
+            "cpu_kvcache_gib": (in_range(self.cpu_kvcache_gib, 1, 1 << 16), "must be in [1, 65536]"),
             "gpu_memory_utilization": (0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]"),
-            "tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be >= 1"),
+            "tensor_parallel_size": (in_range(self.tensor_parallel_size, 1, WORKERS_MAX), f"must be in [1, {WORKERS_MAX}]"),
         })
 
     def check_for_training(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from settings.checks import check_fields
+from settings.checks import TOKENS_MAX, WORKERS_MAX, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,9 @@ class ScoreConfig:
     def __post_init__(self) -> None:
         check_fields(self, {
             "reward_timeout_s": (self.reward_timeout_s > 0, "must be > 0"),
-            "reward_workers": (self.reward_workers >= 0, "must be >= 0 (0 = one per core)"),
-            "overlong_buffer_tokens": (self.overlong_buffer_tokens >= 1 or not self.soft_overlong_punishment,
-                                       "must be >= 1 with soft_overlong_punishment (L_cache of eq. 13)"),
+            "reward_workers": (in_range(self.reward_workers, 0, WORKERS_MAX), f"must be in [0, {WORKERS_MAX}] (0 = one per core)"),
+            "overlong_buffer_tokens": (in_range(self.overlong_buffer_tokens, 0, TOKENS_MAX) and (self.overlong_buffer_tokens >= 1 or not self.soft_overlong_punishment),
+                                       f"must be in [1, {TOKENS_MAX}] with soft_overlong_punishment (L_cache of eq. 13), else in [0, {TOKENS_MAX}]"),
             "overlong_penalty_factor": (self.overlong_penalty_factor >= 0, "must be >= 0"),
             "informative_by": (self.informative_by in ("accuracy", "reward_std"), "must be 'accuracy' or 'reward_std'"),
         })

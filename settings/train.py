@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dapo_core.losses import AGGREGATIONS
-from settings.checks import check_fields
+from settings.checks import COUNT_MAX, TOKENS_MAX, WORKERS_MAX, check_fields, in_range
 
 CORRECTION_MODES = ("auto", "always", "off")  # TrainConfig.behaviour_correction
 
@@ -55,8 +55,10 @@ class TrainConfig:
     behaviour_weight_cap: float = 2.0  # truncation of the weight (TIS, Yao et al. 2025 and verl: 2)
     tis_cap: float | None = None  # legacy: C = behaviour_correction "always" with cap C; None = unset
     seed: int = 0  # mini-batch shuffling (with the step number added)
-    resume_optimizer: bool = True  # continue the parent's DeepSpeed optimizer state when it has one
-    keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume)
+    # Continue the parent's DeepSpeed optimizer state; a step>0 parent without it (pruned, not kept) is
+    # refused. False: a fresh optimizer every step (the LR schedule continues at the parent's update count).
+    resume_optimizer: bool = True
+    keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume; false needs resume_optimizer false)
     timeout_s: float = 3600.0  # wall-clock limit of one launch (warm: of one request, group start included)
     # Keep the DeepSpeed worker group alive between steps of this process (engines/train_server.py):
     # saves process start + engine construction per step, same results; False = one launch per step.
@@ -79,18 +81,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "num_processes": (self.num_processes >= 1, "must be >= 1"),
+            "num_processes": (in_range(self.num_processes, 1, WORKERS_MAX), f"must be in [1, {WORKERS_MAX}]"),
             "zero_stage": (self.zero_stage in (1, 2, 3), "must be 1, 2 or 3"),
             "precision": (self.precision in ("fp32", "bf16"), "must be 'fp32' or 'bf16'"),
-            "micro_batch_samples": (self.micro_batch_samples >= 1, "must be >= 1"),
-            "updates_per_step": (self.updates_per_step >= 1, "must be >= 1"),
-            "epochs_per_step": (self.epochs_per_step >= 1, "must be >= 1"),
+            "micro_batch_samples": (in_range(self.micro_batch_samples, 1, 1 << 20), "must be in [1, 1048576]"),
+            "updates_per_step": (in_range(self.updates_per_step, 1, 1 << 20), "must be in [1, 1048576]"),
+            "epochs_per_step": (in_range(self.epochs_per_step, 1, 1024), "must be in [1, 1024]"),
             "lr": (self.lr > 0, "must be > 0"),
             "beta1": (0 <= self.beta1 < 1, "must be in [0, 1)"),
             "beta2": (0 <= self.beta2 < 1, "must be in [0, 1)"),
             "weight_decay": (self.weight_decay >= 0, "must be >= 0"),
             "adam_eps": (self.adam_eps > 0, "must be > 0"),
-            "warmup_steps": (self.warmup_steps >= 0, "must be >= 0"),
+            "warmup_steps": (in_range(self.warmup_steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}]"),
             "grad_clip_norm": (self.grad_clip_norm >= 0, "must be >= 0 (0 = off)"),
             # dapo_core/losses.py: the ratio floor 1 - eps_low must stay positive.
             "eps_low": (0 <= self.eps_low < 1, "must be in [0, 1) (the ratio floor is 1 - eps_low)"),
@@ -102,9 +104,12 @@ class TrainConfig:
             "behaviour_weight_cap": (0 < self.behaviour_weight_cap < math.inf, "must be > 0 and finite"),
             "dual_clip_c": (self.dual_clip_c is None or self.dual_clip_c > 1, "must be > 1 (or null = off)"),
             "loss_agg": (self.loss_agg in AGGREGATIONS, f"must be one of {list(AGGREGATIONS)}"),
-            "logprob_chunk_tokens": (self.logprob_chunk_tokens >= 0, "must be >= 0"),
-            "loss_norm_tokens": (self.loss_norm_tokens > 0 if self.loss_agg == "seq-mean-token-sum-norm"
-                                 else self.loss_norm_tokens >= 0,
-                                 "must be > 0 with loss_agg 'seq-mean-token-sum-norm' (else >= 0)"),
+            "logprob_chunk_tokens": (in_range(self.logprob_chunk_tokens, 0, TOKENS_MAX), f"must be in [0, {TOKENS_MAX}]"),
+            "loss_norm_tokens": (in_range(self.loss_norm_tokens, 1 if self.loss_agg == "seq-mean-token-sum-norm" else 0, TOKENS_MAX),
+                                 f"must be in [1, {TOKENS_MAX}] with loss_agg 'seq-mean-token-sum-norm' (else [0, {TOKENS_MAX}])"),
             "timeout_s": (self.timeout_s > 0, "must be > 0"),
+            # No step would write the state the next one is asked to resume (it would be refused at step 2).
+            "keep_optimizer_state": (self.keep_optimizer_state or not self.resume_optimizer,
+                                     "leaves nothing to resume: set resume_optimizer=false too (each step then "
+                                     "starts a fresh optimizer; the LR schedule continues)"),
         })

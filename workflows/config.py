@@ -26,7 +26,7 @@ import yaml
 
 from readers.problem_files import CurationError, gives_test_split
 from settings.bootstrap import BootstrapConfig
-from settings.checks import FieldError, check_fields
+from settings.checks import COUNT_MAX, FieldError, check_fields, in_range
 from settings.curate import CurateConfig
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
@@ -74,19 +74,19 @@ class DriverConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, {
-            "name": (bool(self.name) and "/" not in self.name and self.name not in (".", ".."),
-                     "must be a plain folder name (the run folder is <run_root>/<name>)"),
+            "name": (bool(self.name) and "/" not in self.name and self.name not in (".", "..") and self.name.isprintable(),
+                     "must be a plain folder name, no / and no control characters (the run folder is <run_root>/<name>)"),
             "data": (len(self.data) >= 1, "must list at least one input"),
-            "steps": (self.steps >= 0, "must be >= 0"),
-            "prompts_per_step": (self.prompts_per_step >= 1, "must be >= 1"),
-            "prompts_per_round": (self.prompts_per_round >= 1, "must be >= 1"),
-            "max_rounds": (self.max_rounds >= 1, "must be >= 1"),
+            "steps": (in_range(self.steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}]"),
+            "prompts_per_step": (in_range(self.prompts_per_step, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "prompts_per_round": (in_range(self.prompts_per_round, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "max_rounds": (in_range(self.max_rounds, 1, 1 << 20), "must be in [1, 1048576]"),
             "on_max_rounds": (self.on_max_rounds in ON_MAX_ROUNDS, f"must be one of {list(ON_MAX_ROUNDS)}"),
-            "eval_every_steps": (self.eval_every_steps >= 0, "must be >= 0 (0 = only before and after)"),
-            "keep_optimizer_checkpoints": (self.keep_optimizer_checkpoints >= 0, "must be >= 0 (0 = keep every checkpoint whole)"),
+            "eval_every_steps": (in_range(self.eval_every_steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}] (0 = only before and after)"),
+            "keep_optimizer_checkpoints": (in_range(self.keep_optimizer_checkpoints, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}] (0 = keep every checkpoint whole)"),
             "keep_weights_every_steps": (
-                self.keep_weights_every_steps >= 0 and (self.keep_weights_every_steps == 0 or self.keep_optimizer_checkpoints >= 1),
-                "must be >= 0, and > 0 only with run.keep_optimizer_checkpoints >= 1 (0 keeps every checkpoint whole)"),
+                in_range(self.keep_weights_every_steps, 0, COUNT_MAX) and (self.keep_weights_every_steps == 0 or self.keep_optimizer_checkpoints >= 1),
+                f"must be in [0, {COUNT_MAX}], and > 0 only with run.keep_optimizer_checkpoints >= 1 (0 keeps every checkpoint whole)"),
         })
         # Pipelined, step N+1 generates from the checkpoint before the latest while step N trains
         # (and a resume may generate from it again): retention must keep its weights.
@@ -241,8 +241,20 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
         section, dot, field = key.strip().partition(".")
         if not sep or not dot or not section or not field:
             raise ConfigError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. train.lr=3e-4")
-        out.setdefault(section, {})[field] = yaml.safe_load(raw) if raw.strip() else ""
+        out.setdefault(section, {})[field] = _override_value(raw)
     return out
+
+
+def _override_value(raw: str) -> Any:
+    """A ``--set`` value parsed as YAML; text that is not YAML (``{problem}=``, a NUL) is the text
+    typed, so a string field takes it as it stands and any other field refuses it as the wrong type,
+    naming the ``--set``."""
+    if not raw.strip():
+        return ""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
 
 
 def config_from_dict(sections: dict[str, Any], *, source: str = "<dict>", overrides: Sequence[str] = ()) -> RunConfig:
@@ -316,11 +328,30 @@ def _check_run(config: RunConfig, source: str, blame: dict[str, dict[str, str]])
             f"{where}: no input gives a held-out (test) split, which evaluation needs: set curate.test_fraction "
             "> 0, mark an input @test, or give a synthetic input test_fraction=F (e.g. "
             "synthetic:n=2000,seed=0,test_fraction=0.2)")
+    _check_round_size(config, source)
     score, max_tokens = config.score, config.rollout.max_response_tokens
     if score.soft_overlong_punishment and score.overlong_buffer_tokens > max_tokens:
         # dapo_core/overlong.py: L_cache must fit inside L_max (eq. 13).
         fail("score", FieldError("overlong_buffer_tokens", score.overlong_buffer_tokens,
                                  f"must be <= rollout.max_response_tokens={max_tokens} (L_cache within L_max, eq. 13)"))
+
+
+# The size estimate of one rollout round, refused above a budget before any work: the driver's
+# process holds a round's rows (token ids and log-probs, 4 bytes each; response text; the scored
+# copy), ~16 bytes a token. The paper's config (1,536 prompts x 16 x 20,480 tokens) is ~7.5 GiB.
+ROUND_BYTES_PER_TOKEN = 16
+ROUND_BUDGET_GIB = 32
+
+
+def _check_round_size(config: RunConfig, source: str) -> None:
+    """Refuse a round whose rows would not fit :data:`ROUND_BUDGET_GIB`, naming the fields multiplied."""
+    prompts, group, tokens = config.run.prompts_per_round, config.rollout.samples_per_prompt, config.rollout.max_response_tokens
+    gib = prompts * group * tokens * ROUND_BYTES_PER_TOKEN / 2**30
+    if gib > ROUND_BUDGET_GIB:
+        raise ConfigError(
+            f"{source}: one rollout round of run.prompts_per_round={prompts} x rollout.samples_per_prompt={group} x "
+            f"rollout.max_response_tokens={tokens} tokens holds ~{gib:,.0f} GiB of rows ({ROUND_BYTES_PER_TOKEN} bytes a "
+            f"token), over the {ROUND_BUDGET_GIB} GiB budget: lower one of them")
 
 
 def stage_config(section: str, config_path: str | Path | None = None, overrides: Sequence[str] = ()) -> Any:

@@ -268,8 +268,9 @@ def start_run_folder(cfg: RunConfig, layout: RunLayout) -> None:
     """
     versions = generating_versions()
     check_run_folder(layout, cfg.to_dict(), versions)
+    # run_dir: where the folder is bound; a moved or copied folder is refused (run_binding.check_not_moved).
     _write_json(layout.run_record, {"config": cfg.to_dict(), "config_digest": cfg.digest(), "stage_versions": versions,
-                                    "python": platform.python_version()})
+                                    "run_dir": str(layout.root), "python": platform.python_version()})
     # A killed earlier invocation may have left half-built checkpoints under hidden staging
     # names; they are never read (no dapo_checkpoint.json), only cleaned up here. One driver
     # per run folder at a time. (An object store has no staging folders: storage/run_store.py.)

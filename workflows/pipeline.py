@@ -292,8 +292,39 @@ def _interval_text(interval: list[float] | None) -> str:
     return "" if not interval else f" [{interval[0]:.1%}, {interval[1]:.1%}]"
 
 
+def check_input_paths(config: RunConfig) -> None:
+    """Every local or object-store path of ``config`` (``run.data`` files, which give the held-out
+    evaluation set too; ``bootstrap.source``) exists, before curation and before the run folder is made
+    or bound: a typo is bad input, refused in one line (``CurationError``, ``BootstrapError``: exit 2)
+    in seconds, not after curation, and nothing is left that blocks the corrected command."""
+    from engines.policy_bootstrap import BootstrapError, check_import_folder, resolve_source
+    from readers.problem_files import CurationError, parse_input_spec
+
+    for spec in config.run.data:
+        parsed = parse_input_spec(spec)
+        if parsed.kind == "file" and not _is_file(parsed.target):
+            raise CurationError(f"run.data: {parsed.target}: no such file")
+        if parsed.kind == "hf" and parsed.target.startswith(("/", "./", "../")) and not Path(parsed.target).exists():
+            raise CurationError(f"run.data: hf:{parsed.target}: no such folder")
+    source = resolve_source(config.bootstrap.source)  # an unknown shipped:NAME is refused here
+    if source == "tiny":
+        return
+    if run_store.is_remote(source):
+        if not run_store.exists(run_store.join(source, "config.json")):
+            raise BootstrapError(f"bootstrap source {source}: no config.json there (bootstrap.source is 'tiny', "
+                                 "'shipped:NAME', a local HF model folder or an object-store URI)")
+        return
+    check_import_folder(source)
+
+
+def _is_file(target: str) -> bool:
+    """Whether a data file exists: a local path, or an object in an object store."""
+    return run_store.exists(target) if run_store.is_remote(target) else Path(target).is_file()
+
+
 def run_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.set)
+    check_input_paths(config)
     layout = run_layout(config, args.run_root)
     try:
         check_can_hold(layout.root)

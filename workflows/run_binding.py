@@ -1,7 +1,8 @@
 """A run folder belongs to one resolved config and to one driver at a time.
 
-``run.json`` records the config a run folder was started with. Once the run has published anything
-(``curate/``, its first stage's output), a later ``dapo run`` into the same folder resumes it only
+``run.json`` records the config a run folder was started with. Once the run has published a
+checkpoint (the step-0 policy, the first output past curation that a changed config could not
+re-make in place), a later ``dapo run`` into the same folder resumes it only
 when its config is the same; anything else would mix results of
 two configs in one folder (train reuses published checkpoints by step and parent), so it is
 refused before any work with the fields that differ. One change is a resume, not a new run:
@@ -21,6 +22,10 @@ calls again instead of taking them from the cache; once the retention policy has
 a checkpoint it would generate from, that cannot work, so the resume is refused before any work, with
 what the user can do (:func:`check_generating_code`).
 
+``run.json`` also records where the folder was bound (``run_dir``): the cached stages are keyed on
+absolute paths inside it, so a moved or copied folder is refused in one line naming both places
+(:func:`check_not_moved`), not after minutes of cache misses.
+
 :func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
 invocation, so two drivers never write one run folder; the holder's pid, host and start
 time are written inside for the refusal message. The kernel drops the lock when its process
@@ -37,6 +42,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -100,21 +106,43 @@ def check_run_record(run_dir: str, record: dict[str, Any] | None, wanted: dict[s
 
 
 def check_run_folder(layout: RunLayout, wanted: dict[str, Any], generating: Mapping[str, str] | None = None) -> None:
-    """:func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an object store), if it has one
-    and its run published anything; with ``generating`` (this code's versions of the stages that
-    generate from checkpoints), also :func:`check_generating_code`.
-
-    Curation is every run's first stage and publishes ``curate/`` whole or not at all
-    (engines/curation.py). A run that stopped before that (an input missing or unreadable, Ctrl-C
-    during curation) computed nothing its folder keeps: its record binds nothing, and a run of a
-    corrected config starts there afresh instead of being refused for the very fields that were fixed.
+    """:func:`check_not_moved` and :func:`check_run_record` on the ``run.json`` of ``layout`` (a path or an
+    object store), if it has one and the folder is bound (:func:`is_bound`); with ``generating`` (this
+    code's versions of the stages that generate from checkpoints), also :func:`check_generating_code`.
     """
-    if not run_store.exists(layout.curate_dir):
+    if not is_bound(layout):
         return
     record = json.loads(run_store.read_text(layout.run_record)) if run_store.exists(layout.run_record) else None
+    check_not_moved(layout, record)
     check_run_record(str(layout.root), record, wanted)
     if generating is not None:
         check_generating_code(layout, record, generating)
+
+
+def is_bound(layout: RunLayout) -> bool:
+    """Whether ``layout``'s record binds it: once anything under ``checkpoints/`` is published (the
+    step-0 policy first; a checkpoint of another id is never replaced, storage/checkpoints.py).
+
+    Before that the run holds curation at most, which its cached task re-makes whole when its inputs
+    change (engines/curation.py). A run refused before then (an input missing, a pool too small for one
+    step, a prompt too long, a bad bootstrap.source) computed nothing the folder must keep: a run of the
+    corrected config (often the refusal's own advice) starts there, rebinding the record, instead of
+    being refused for the very fields that were fixed.
+    """
+    return bool(run_store.exists(layout.checkpoints_dir) and run_store.glob(layout.checkpoints_dir, "step-*"))
+
+
+def check_not_moved(layout: RunLayout, record: dict[str, Any] | None) -> None:
+    """Raise :class:`RunFolderError` when ``record`` (run.json) was bound at another path than ``layout``'s:
+    the cache keys of its finished stages hold the old absolute paths. A record without ``run_dir``
+    (written before it was kept) checks nothing."""
+    bound_at = (record or {}).get("run_dir")
+    if bound_at is None or bound_at == str(layout.root):
+        return
+    raise RunFolderError(
+        f"run folder {layout.root} was moved or copied from {bound_at}: its finished stages are cached under "
+        f"their absolute paths there, so it cannot be resumed or extended here; move it back to {bound_at} to "
+        "resume it, or start a new run with --set run.name=NEW_NAME or another --run-root")
 
 
 def check_generating_code(layout: RunLayout, record: dict[str, Any] | None, generating: Mapping[str, str]) -> None:
@@ -155,11 +183,15 @@ def _step_of(checkpoint: str) -> int:
 
 def check_can_hold(folder: str | os.PathLike[str]) -> None:
     """:class:`RunFolderError` when ``folder`` (a local path), or the nearest of its parents that exists,
-    is a file: before anything is created under it (the run's log file is the first)."""
+    is a file or a folder this user may not write: before anything is created under it (the run's log
+    file is the first)."""
     if run_store.is_remote(str(folder)):
         return
     for path in (Path(folder), *Path(folder).parents):
         if path.is_dir():
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise RunFolderError(f"{folder} cannot be a run folder: {path} is not writable "
+                                     "(give --run-root a folder you may write)")
             return
         if path.exists():
             raise RunFolderError(f"{folder} cannot be a run folder: {path} is a file, not a folder "
@@ -187,13 +219,34 @@ def _holder(text: str) -> dict[str, Any]:
         return {}
 
 
+def open_regular(path: Path, flags: int) -> int:
+    """``os.open(path, flags)``, never through a symlink (its target would be overwritten) and only of a
+    regular file (a FIFO would block); :class:`RunFolderError` naming ``path`` otherwise, or when the
+    folder cannot be written. For the run folder's lock and log files."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RunFolderError(f"{path} is a symlink, not a regular file; remove it and re-run") from None
+        if err.errno in (errno.EISDIR, errno.ENXIO):
+            raise RunFolderError(f"{path} is not a regular file; remove it and re-run") from None
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise RunFolderError(f"{path} cannot be written ({os.strerror(err.errno)}): the run folder "
+                                 "must be writable") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunFolderError(f"{path} is not a regular file; remove it and re-run")
+    os.set_blocking(fd, True)
+    return fd
+
+
 @contextlib.contextmanager
 def hold_run_folder(folder: str | os.PathLike[str], *, note=lambda line: print(line, file=sys.stderr)) -> Iterator[None]:
     """Hold ``<folder>/.dapo-run.lock`` for the ``with`` block; :class:`RunFolderError` if another live driver does."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_regular(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

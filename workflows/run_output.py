@@ -32,6 +32,7 @@ from typing import TextIO
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
+from workflows.run_binding import open_regular
 
 LOG_NAME = "logs/dapo.log"
 
@@ -61,8 +62,8 @@ def _descriptors_to(path: Path) -> Iterator[tuple[TextIO, TextIO]]:
     """Point fds 1 and 2 at ``path`` (appended) for the block; yields text streams on the original ones."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    target = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     saved = [os.dup(1), os.dup(2)]
-    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     terminal_out = os.fdopen(os.dup(saved[0]), "w", buffering=1, encoding="utf-8", errors="replace")
     terminal_err = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
     try:
@@ -109,7 +110,8 @@ def quiet_run(log_path: Path, *, command: str) -> Iterator[None]:
     )
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as header:
+    # Never through a symlink, only a regular file (workflows/run_binding.py: open_regular).
+    with os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as header:
         header.write(f"\n===== dapo {command} (pid {os.getpid()}) {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                      f"{' '.join(sys.argv)} =====\n")
     previous_env = os.environ.get(LOG_FILE_ENV)

@@ -54,9 +54,12 @@ def test_retention_may_change_on_resume_and_be_missing_from_an_older_record() ->
         check_run_record("runs/r", {"config": OLD}, {**_with("train", "lr", 2e-4), "run": newer["run"]})
 
 
-def test_a_run_that_published_nothing_binds_nothing(tmp_path: Path) -> None:
-    """A run that stopped before curation published (a missing input file) leaves a run.json; a run of
-    the corrected config starts in that folder. Once curate/ exists the record binds."""
+def test_a_run_that_published_no_checkpoint_binds_nothing(tmp_path: Path) -> None:
+    """A run refused before its step-0 policy was published (a missing input file; after curation: a
+    pool too small for a step, a prompt too long, a bad bootstrap.source) leaves a run.json, and curate/
+    maybe; a run of the corrected config (the refusal's own advice, e.g. --set run.max_rounds=1) starts
+    in that folder, rebinding it (curate/ is re-made by its cached task when its inputs changed). Once
+    a checkpoint exists the record binds: a step-0 policy of another config is never replaced."""
     from storage.run_layout import RunLayout
 
     layout = RunLayout(tmp_path / "r")
@@ -65,8 +68,67 @@ def test_a_run_that_published_nothing_binds_nothing(tmp_path: Path) -> None:
     fixed = _with("run", "data", ["synthetic:n=20"])
     check_run_folder(layout, fixed)
     Path(layout.curate_dir).mkdir()
+    check_run_folder(layout, fixed)
+    Path(layout.checkpoint(0)).mkdir(parents=True)
     with pytest.raises(RunFolderError, match=r"run\.data"):
         check_run_folder(layout, fixed)
+
+
+def test_a_moved_run_folder_is_refused_in_one_line_naming_both_places(tmp_path: Path) -> None:
+    """A run folder's cached stages are keyed on its absolute paths: moved or copied, a resume used to
+    fail after 24 s blaming a code change. run.json records where it was bound; elsewhere it is refused
+    before any work, naming both places."""
+    from storage.run_layout import RunLayout
+
+    layout = RunLayout(tmp_path / "moved")
+    Path(layout.checkpoint(0)).mkdir(parents=True)
+    Path(layout.run_record).write_text(json.dumps({"config": OLD, "run_dir": str(tmp_path / "r")}))
+    with pytest.raises(RunFolderError) as info:
+        check_run_folder(layout, OLD)
+    message = str(info.value)
+    assert f"run folder {layout.root} was moved or copied from {tmp_path / 'r'}" in message, message
+    assert "--set run.name=" in message and "\n" not in message
+    Path(layout.run_record).write_text(json.dumps({"config": OLD, "run_dir": str(layout.root)}))
+    check_run_folder(layout, OLD)  # where it was bound
+    Path(layout.run_record).write_text(json.dumps({"config": OLD}))
+    check_run_folder(layout, OLD)  # a record from before run_dir was kept checks nothing
+
+
+def test_the_lock_file_is_never_opened_through_a_symlink(tmp_path: Path) -> None:
+    """A symlink at .dapo-run.lock had its target overwritten with the holder's record."""
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / LOCK_FILE).symlink_to(target)
+    with pytest.raises(RunFolderError, match=r"\.dapo-run\.lock.*not a regular file"):
+        with hold_run_folder(folder):
+            pass
+    assert target.read_text() == "keep me\n"
+    (folder / LOCK_FILE).unlink()
+    (folder / LOCK_FILE).mkdir()
+    with pytest.raises(RunFolderError, match=r"\.dapo-run\.lock.*not a regular file"):
+        with hold_run_folder(folder):
+            pass
+
+
+def test_a_run_root_that_cannot_be_written_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A read-only run root (or run folder) gave a PermissionError traceback and exit 1. As root every
+    folder is writable, so the refusal is checked through os.access, as a non-root user sees it."""
+    import os as os_module
+
+    from workflows.cli import main
+
+    root = tmp_path / "readonly"
+    root.mkdir()
+    real_access = os_module.access
+    monkeypatch.setattr(os_module, "access", lambda path, mode, **kw: False if Path(path) == root and mode & os_module.W_OK
+                        else real_access(path, mode, **kw))
+    assert main(["run", "--run-root", str(root), "--set", "run.steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [err.strip()] and f"{root} is not writable" in err, err
+    assert list(root.iterdir()) == []
 
 
 def test_another_config_is_refused_naming_each_field() -> None:
@@ -274,5 +336,7 @@ def test_the_run_record_holds_the_versions_a_resume_is_checked_against(tmp_path:
 
     layout = RunLayout(tmp_path / "r")
     start_run_folder(load_config(REPO / "configs" / "tiny-cpu.yaml"), layout)
-    recorded = json.loads(Path(layout.run_record).read_text())["stage_versions"]
+    record = json.loads(Path(layout.run_record).read_text())
+    assert record["run_dir"] == str(layout.root)
+    recorded = record["stage_versions"]
     assert recorded == {"evaluate": evaluate.cache.version_override, "rollout": rollout.cache.version_override}
