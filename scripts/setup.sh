@@ -35,7 +35,7 @@ echo "setup: installing the pinned CPU stack into .venv (~2-4 minutes; once per 
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip_q install -q --upgrade pip==25.3
 echo "setup: torch (CPU build) ..." >&2
-pip_q install -q torch==2.13.0
+pip_q install -q -c constraints.txt torch  # the version: constraints.txt (the lock; the images read it too)
 echo "setup: vLLM, DeepSpeed, Flyte and the rest ..." >&2
 pip_q install -q -c constraints.txt -r requirements.txt
 pip_q install -q --no-deps -r requirements-nodeps.txt

@@ -254,8 +254,9 @@ def _check_prompt_lengths(cfg: RunConfig, policy_folder: Path, train_paths: list
 
 def generating_versions() -> dict[str, str]:
     """This code's cache versions of the stages that generate from checkpoints: what ``run.json``
-    records, so that a resume with other code is checked against the checkpoints the retention policy
-    pruned (workflows/run_binding.py: ``check_generating_code``)."""
+    records, so that a resume with other code, or other lock pins of the libraries those stages count
+    (infra/versioning.py: ``STAGE_LIBRARIES``; both are in the version), is checked against the
+    checkpoints the retention policy pruned (workflows/run_binding.py: ``check_generating_code``)."""
     return {"evaluate": evaluate.cache.version_override, "rollout": rollout.cache.version_override}
 
 

@@ -17,7 +17,8 @@ freely too: they decide which finished checkpoints' files are deleted, never wha
 ``workflows.config.ADDED_AT`` existed (``run.pipelined``) reads as holding its old value.
 
 ``run.json`` also records the cache versions of the stages that generate from checkpoints (rollout,
-evaluate: ``workflows.driver.generating_versions``). When such a stage's code changed, a resume runs its
+evaluate: ``workflows.driver.generating_versions``; a version covers the stage's source and the lock's pins
+of its libraries, infra/versioning.py). When such a stage's code changed, a resume runs its
 calls again instead of taking them from the cache; once the retention policy has pruned the weights of
 a checkpoint it would generate from, that cannot work, so the resume is refused before any work, with
 what the user can do (:func:`check_generating_code`).
@@ -164,7 +165,8 @@ def check_generating_code(layout: RunLayout, record: dict[str, Any] | None, gene
         return
     raise RunFolderError(
         f"run folder {layout.root}: the code of the {' and '.join(changed)} stage{'s' if len(changed) > 1 else ''} "
-        f"changed since this run was written, so a resume would generate from its checkpoints again; the retention "
+        f"changed since this run was written (its source or a pin of a library it counts: "
+        f"infra/versioning.py STAGE_LIBRARIES), so a resume would generate from its checkpoints again; the retention "
         f"policy (run.keep_optimizer_checkpoints, run.keep_weights_every_steps) pruned the weights of {len(pruned)} of "
         f"them ({pruned[0]}{' ... ' + Path(pruned[-1]).name if len(pruned) > 1 else ''}). {pruning.PRUNED_WEIGHTS_ADVICE}"
     )

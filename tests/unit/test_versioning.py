@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.versioning import PROJECT_PACKAGES, code_version, import_closure
+from infra.versioning import LOCK_FILES, PROJECT_PACKAGES, code_version, import_closure
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,8 @@ def _stage_modules(root: Path) -> dict[str, str]:
 def _copy_project(dest: Path) -> Path:
     for package in PROJECT_PACKAGES:
         shutil.copytree(REPO / package, dest / package, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(REPO / "pyproject.toml", dest / "pyproject.toml")
+    for name in ("pyproject.toml", *LOCK_FILES):  # the lock: pins of the stages' libraries
+        shutil.copy2(REPO / name, dest / name)
     return dest
 
 
