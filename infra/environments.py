@@ -34,7 +34,12 @@ from typing import Any
 import flyte
 
 from infra.flyte_types import memoize_dataclass_literal_types
-from infra.versioning import CPU_TORCH_INDEX, image_pin
+from infra.versioning import CPU_TORCH_INDEX, LOCK_FILES, PROJECT_ROOT, image_pin
+
+# Files every container reads at import, not modules: the task cache versions read pyproject.toml
+# (the project's packages) and the lock (library pins), so the code bundle ships them beside the
+# loaded modules (``dapo deploy`` copies loaded modules only).
+BUNDLED_FILES = tuple(str(PROJECT_ROOT / name) for name in ("pyproject.toml", *LOCK_FILES))
 
 # Every task call converts its dataclass inputs and outputs; build each class's literal type once.
 memoize_dataclass_literal_types()
@@ -178,12 +183,14 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
     if target == "local":
         rollout = flyte.TaskEnvironment(
             name="dapo-rollout",
+            include=BUNDLED_FILES,
             image=rollout_image,
             resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
             description="vLLM generation of G responses per prompt.",
         )
         train = flyte.TaskEnvironment(
             name="dapo-train",
+            include=BUNDLED_FILES,
             image=train_image,
             resources=flyte.Resources(cpu="8", memory="64Gi", gpu=1),
             description="One DeepSpeed DAPO training step.",
@@ -195,6 +202,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
         cpu_template = run_store_pod_template(store, plan["run_store_mount"]) if store else None
         rollout = flyte.TaskEnvironment(
             name="dapo-rollout",
+            include=BUNDLED_FILES,
             image=rollout_image,
             # The task itself is the Ray driver (on the head); engines are actors on the workers.
             resources=flyte.Resources(cpu="8", memory="64Gi"),
@@ -210,6 +218,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
         nproc, nodes = int(plan["train_nproc_per_node"]), int(plan["train_nodes"])
         train = flyte.TaskEnvironment(
             name="dapo-train",
+            include=BUNDLED_FILES,
             image=train_image,
             # Per node (pod): the elastic agent starts nproc ranks in each of `nodes` pods.
             resources=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=nproc, shm="auto"),
@@ -221,6 +230,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
         )
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",
+        include=BUNDLED_FILES,
         image=cpu_image,
         resources=flyte.Resources(cpu="4", memory="16Gi"),
         env_vars=env_vars,

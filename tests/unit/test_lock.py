@@ -168,3 +168,21 @@ def test_the_local_environment_runs_the_locked_stage_libraries() -> None:
         except importlib.metadata.PackageNotFoundError:  # a CUDA venv (tests/gpu): the image's build
             installed = importlib.metadata.version(name)
         assert installed.split("+")[0] == versioning.locked_version(name, REPO), name  # torch 2.13.0+cpu
+
+
+def test_every_cluster_environment_bundles_the_files_its_imports_read() -> None:
+    """A container imports the tasks, whose cache versions read pyproject.toml and the lock at import;
+    `dapo deploy` bundles loaded modules only, so each environment must name those files itself."""
+    import subprocess
+    import sys
+
+    probe = ("import json, infra.environments as e; "
+             "print(json.dumps({env.name: list(env.include) for env in e.ALL_ENVIRONMENTS}))")
+    needed = {str(REPO / name) for name in ("pyproject.toml", *LOCK_FILES)}
+    for target in ("local", "cluster"):
+        out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin", "DAPO_FLYTE_TARGET": target})
+        import json
+
+        for name, include in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            assert needed <= set(include), f"{target} environment {name} does not bundle {sorted(needed - set(include))}"
