@@ -413,7 +413,7 @@ def _deploy(args: argparse.Namespace) -> int:
     import flyte
 
     if args.dry_run:
-        flyte.init(endpoint=PLACEHOLDER_ENDPOINT, project=args.project, domain=args.domain, root_dir=str(REPO_ROOT),
+        flyte.init(endpoint=PLACEHOLDER_ENDPOINT, project=args.project, domain=args.domain, root_dir=REPO_ROOT,
                    image_builder="local")
     else:
         if not args.flyte_config:
