@@ -37,7 +37,7 @@ from decimal import Decimal
 
 import sympy
 
-from dapo_core.answers import balanced, strip_wrappers
+from dapo_core.answer_text import ascii_numerals, balanced, latex_spacing_to_spaces, strip_wrappers
 
 REWRITE_RULES: dict[str, str] = {
     "fraction_sum": "a non-integer rational p/q, written m/n in lowest terms: m+n",
@@ -207,9 +207,11 @@ def latex_value(text: str) -> sympy.Expr | None:
 # ----------------------------------------------------------------------------- normalisation
 
 def _clean(raw: str) -> str:
-    """Strip math delimiters, \\boxed{}, \\text{}, outer braces, spacing and \\left/\\right (as the
-    integer parser does, dapo_core.answers), then \\displaystyle and every space."""
-    return strip_wrappers(raw.replace("\\displaystyle", "")).replace(" ", "")
+    """Unicode digits as ASCII and LaTeX spacing as spaces, then math delimiters, \\boxed{}, \\text{},
+    outer braces and \\left/\\right stripped (dapo_core.answer_text, as the integer parser and the
+    reward do), then \\displaystyle and every space removed."""
+    text = latex_spacing_to_spaces(ascii_numerals(raw.replace("\\displaystyle", "")))
+    return "".join(strip_wrappers(text).split())
 
 
 # ----------------------------------------------------------------------------- rules

@@ -5,7 +5,9 @@ Transformation"): the authors rewrote answers such as ``(a+sqrt(b))/c`` into "fi
 that a rule-based reward (eq. 7) can compare one integer, not free-form math. This module
 decides whether a raw answer string *is* an integer (``"34"``, ``"1,000"``, ``"34.0"``,
 ``"\\boxed{34}"``, ``"\\frac{68}{2}"``, ``"$-7$"``) and, when it is not, why (a stable
-``reason_code`` plus a human message), so the curation stage can keep or reject each row.
+``reason_code`` plus a human message), so the curation stage can keep or reject each row. Numbers
+are read with ``dapo_core.answer_text``, the code the reward reads model answers with, so every gold
+is what the reward pays for the same text ("5, 125" is a list, never the gold 5125).
 
 It also owns the identity of a problem (``problem_id``: sha256 of the normalised text, 16 hex
 chars), the deterministic hash-based train/test split and prompt rendering. Pure functions: no
@@ -19,6 +21,18 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from dapo_core.answer_text import (
+    MAX_INTEGER_DIGITS,
+    ascii_numerals,
+    drop_percent_signs,
+    integer_value,
+    last_boxed_content,
+    latex_spacing_to_spaces,
+    strip_thousands_separators,
+    strip_wrappers,
+)
+from dapo_core.answer_text import balanced as balanced  # re-exported: it was defined here
 
 # The DAPO prompt template, verbatim from the DAPO-Math-17K data set (the model must end with an
 # "Answer: N" line, which the rule-based reward of eq. 7 reads).
@@ -48,6 +62,7 @@ REASON_CODES: dict[str, str] = {
     "text": "a word or phrase, not a number",
     "expression": "a symbolic expression (radicals, pi, variables, complex numbers, ...)",
     "too_large": "an integer outside the int64 range",
+    "spaced_digits": "digit groups separated only by spaces (e.g. 12 345): a number or a list, ambiguous",
     "missing_problem": "the problem text is missing or blank",
     "problem_too_long": "the problem text is longer than curate.max_problem_chars",
     "missing_answer": "no final answer could be found in the row (no '####' line / no \\boxed{})",
@@ -147,21 +162,8 @@ def unwrap_prompt(prompt: str, template: str = DAPO_PROMPT_TEMPLATE) -> str | No
 
 # ----------------------------------------------------------------------------- answer extraction
 
-
-def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched."""
-    best: str | None = None
-    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, start = 1, match.end()
-        for pos in range(start, len(text)):
-            if text[pos] == "{":
-                depth += 1
-            elif text[pos] == "}":
-                depth -= 1
-                if depth == 0:
-                    best = text[start:pos]
-                    break
-    return best
+# One boxed extractor for curation and the reward (dapo_core.answer_text): the name readers use.
+extract_boxed = last_boxed_content
 
 
 def extract_gsm8k_answer(solution: str) -> str | None:
@@ -172,9 +174,10 @@ def extract_gsm8k_answer(solution: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------- integer conversion
+# Wrappers, Unicode digits, thousands separators and plain integers are read by dapo_core.answer_text,
+# the code the reward reads model answers with, so a gold is always a value the reward can pay.
 
-_INT_RE = re.compile(r"[+-]?\d+")
-_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+")
+_LONG_DIGITS_RE = re.compile(rf"\d{{{MAX_INTEGER_DIGITS + 1}}}")
 _DECIMAL_RE = re.compile(r"([+-]?\d*)\.(\d+)")
 # \frac{a}{b}, \dfrac{a}{b}, \tfrac{a}{b}, \frac{a}b, \frac ab (single digits), a/b
 _FRAC_RES = (
@@ -187,43 +190,14 @@ _MIXED_RE = re.compile(r"[+-]?\d+\s*\\[dt]?frac")
 _BASE_RE = re.compile(r"\d+_\{?\d+\}?")
 _CHOICE_RE = re.compile(r"\(?[A-Ea-e]\)?")
 _TEXT_RE = re.compile(r"[A-Za-z][A-Za-z ']*")
-_WRAPPERS = (
-    re.compile(r"^\$+(.*?)\$+$", re.S),
-    re.compile(r"^\\\((.*)\\\)$", re.S),
-    re.compile(r"^\\\[(.*)\\\]$", re.S),
-    re.compile(r"^\\(?:boxed|fbox)\s*\{(.*)\}$", re.S),
-    re.compile(r"^\\(?:text|textbf|mathrm|mbox)\s*\{(.*)\}$", re.S),
-)
-# Units that do not change an integer's value: degrees and percent (the reward compares numbers).
-_UNIT_SUFFIX_RE = re.compile(r"(?:\^\s*\{?\\circ\}?|°|\\%|%)$")
-
-
-def balanced(text: str, open_: str = "{", close: str = "}") -> bool:
-    """True when every ``close`` in ``text`` matches an earlier ``open_`` and none is left open."""
-    depth = 0
-    for char in text:
-        depth += 1 if char == open_ else -1 if char == close else 0
-        if depth < 0:
-            return False
-    return depth == 0
-
-
-def strip_wrappers(text: str) -> str:
-    """Remove math-mode delimiters, \\boxed{}, \\text{}, outer braces and spacing commands."""
-    text = text.replace("\u2212", "-").replace("\\!", "").replace("\\,", "").replace("\\;", "")
-    text = text.replace("\\left", "").replace("\\right", "").replace("{,}", ",")
-    changed = True
-    while changed:
-        changed = False
-        text = text.strip().rstrip(".").strip()
-        for pattern in _WRAPPERS:
-            match = pattern.match(text)
-            if match and balanced(match.group(1)):
-                text, changed = match.group(1), True
-                break
-        if not changed and text.startswith("{") and text.endswith("}") and balanced(text[1:-1]):
-            text, changed = text[1:-1], True
-    return text
+# Degrees do not change an integer's value (percent signs are dropped by drop_percent_signs).
+_DEGREES_SUFFIX_RE = re.compile(r"(?:\^\s*\{?\\circ\}?|°)$")
+# A comma with whitespace beside it separates list entries ("5, 125", "1 ,000"): written ", ".
+_LIST_COMMA_RE = re.compile(r"\s*,\s+|\s+,\s*")
+# Digit groups separated only by spacing ("12 345", "12\\;345"): thousands or a list? Ambiguous.
+_SPACED_DIGITS_RE = re.compile(r"\d\s+\d")
+# Whitespace that joins nothing ("- 7", "\\frac{68}{ 2}"); the space after a list comma stays.
+_LAYOUT_SPACE_RE = re.compile(r"(?<!,)\s+")
 
 
 def _checked_int(value: int, raw: str) -> AnswerVerdict:
@@ -239,21 +213,31 @@ def _reject(code: str, raw: str) -> AnswerVerdict:
 def to_integer_answer(raw: str | None) -> AnswerVerdict:
     """Convert a raw answer string to an integer, or say why it is not one.
 
-    Accepted: ``"34"``, ``"-7"``, ``"1,000"``, ``"34.0"``, ``"\\boxed{34}"``, ``"$-7$"``,
-    ``"\\frac{68}{2}"`` (exact division), ``"34^\\circ"`` / ``"34\\%"`` (unit dropped).
-    Everything else is rejected with a reason code from ``REASON_CODES``.
+    Accepted: ``"34"``, ``"-7"``, ``"1,000"`` / ``"1{,}000"`` / ``"10,\\!000"`` (a separator is
+    directly followed by three digits), ``"34.0"``, ``"\\boxed{34}"``, ``"$-7$"``, ``"\\frac{68}{2}"``
+    (exact division), ``"34^\\circ"`` / ``"34\\%"`` (unit dropped: a percent is of its own number),
+    Unicode digits and minus signs (read as ASCII, as the reward reads them). A comma with a space
+    beside it separates a list (``"5, 125"``: ``tuple``); digit groups separated only by spacing
+    (``"12 345"``) are ambiguous (``spaced_digits``). Everything else is rejected with a reason code
+    from ``REASON_CODES``.
     """
     if raw is None or not raw.strip():
         return _reject("empty", "" if raw is None else raw)
-    text = strip_wrappers(raw)
-    text = _UNIT_SUFFIX_RE.sub("", text).strip()
-    compact = text.replace(" ", "")
+    text = strip_wrappers(drop_percent_signs(ascii_numerals(raw)))
+    text = _DEGREES_SUFFIX_RE.sub("", text).strip()
+    # Separators first ("1\\,000" is one number), then spacing, lists and layout.
+    text = latex_spacing_to_spaces(strip_thousands_separators(text))
+    text = _LIST_COMMA_RE.sub(", ", text).strip()
+    if _SPACED_DIGITS_RE.search(text):
+        return _reject("spaced_digits", raw)
+    compact = _LAYOUT_SPACE_RE.sub("", text)
     if not compact:
         return _reject("empty", raw)
-    if _INT_RE.fullmatch(compact):
-        return _checked_int(int(compact), raw)
-    if _THOUSANDS_RE.fullmatch(compact):
-        return _checked_int(int(compact.replace(",", "")), raw)
+    value = integer_value(compact)
+    if value is not None:
+        return _checked_int(value, raw)
+    if _LONG_DIGITS_RE.search(compact):  # more digits than int() reads: certainly beyond int64
+        return _reject("too_large", raw)
     decimal = _DECIMAL_RE.fullmatch(compact)
     if decimal:
         whole, fraction = decimal.groups()

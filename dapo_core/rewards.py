@@ -12,7 +12,10 @@ one is easy to hack; the same worry shapes this module:
   joins them. The one value must parse as one LaTeX expression: math-verify's lenient extraction,
   which scavenges the last number out of text it cannot parse ("35 ? 34" -> 34), is not used on
   model answers. The official DAPO scorer's strict match is the floor: the single-value forms it
-  accepts ("34 cm", "x = 34", "$34$", "\\$34", "1,234", an equation's last side) are accepted.
+  accepts ("34 cm", "x = 34", "$34$", "\\$34", "1,234", "$34$ (I think)", an equation's last side)
+  are accepted. Relations are not values: "35 = 34" (a false equation between numbers), "x \\equiv
+  34", "34 \\approx 35" score -1. A percent is a percent of its own number: "3400\\%" pays 3400
+  only, so one string never pays two golds.
 - Equivalence is judged by math-verify (`parse` / `verify`), except for a cheap exact path when
   both sides are plain integers (the DAPO-Math-17K case, and the bulk of real verdicts).
 - Model output is untrusted: parsing `\\boxed{9^{9^{9^{9}}}}` never finishes. Every verdict gets
@@ -51,10 +54,11 @@ from dapo_core.answer_extraction import (
     stated_values,
     strip_thousands_separators,
 )
+from dapo_core.answer_text import drop_percent_signs
 
 logger = logging.getLogger(__name__)
 
-_RULE_REVISION: int = 2
+_RULE_REVISION: int = 3
 
 try:
     _MATH_VERIFY_VERSION = importlib.metadata.version("math-verify")
@@ -90,7 +94,7 @@ class Verdict:
         judged_value: The single value that was judged, in a canonical form ("34" for "34",
             "34.0", "\\frac{68}{2}" and "x = 34"), so that equivalent answers compare equal (maj@k
             votes on it); None when no single value was judged (no answer, hedged, unparsable,
-            timeout, error).
+            a false equation such as "35 = 34", timeout, error).
     """
 
     reward: float
@@ -199,6 +203,20 @@ def _parse_value(value: str) -> list[Any]:
                  parsing_timeout=None, raise_on_error=True)
 
 
+def _is_false_equation(expr: Any) -> bool:
+    """True for an equation whose left side is a number that its right side does not equal.
+
+    "2 \\cdot 17 = 34" states 34 and "x = 34" states 34, but "35 = 34" states a relation between two
+    numbers (the official scorer reads the text after the last "=" and pays it for 34).
+    """
+    import sympy
+    from math_verify import verify
+
+    if not isinstance(expr, sympy.Equality) or _has_unknowns(expr.lhs):
+        return False
+    return not verify([expr.lhs], [expr.rhs], timeout_seconds=None, raise_on_error=True)
+
+
 def _has_unknowns(expr: Any) -> bool:
     """True when a parsed value has free symbols; for an equation, in its last side ("x = 34": no)."""
     import sympy
@@ -233,14 +251,15 @@ def _parse_gold(gold_text: str) -> list[Any]:
 
     parsed = _GOLD_CACHE.get(gold_text)
     if parsed is None:
-        gold_int = gold_integer(gold_text)
+        text = drop_percent_signs(gold_text).strip()  # "25\\%" is the gold 25, as answers read it
+        gold_int = gold_integer(text)
         if gold_int is not None:
             # What parse("34") returns, without the LaTeX grammar's ~1.5 ms per call.
             import sympy
 
             parsed = [sympy.Integer(gold_int), str(gold_int)]
         else:
-            parsed = parse(_as_latex(gold_text), parsing_timeout=None, raise_on_error=True)
+            parsed = parse(_as_latex(text), parsing_timeout=None, raise_on_error=True)
         if len(_GOLD_CACHE) > 4096:
             _GOLD_CACHE.clear()
         _GOLD_CACHE[gold_text] = parsed
@@ -270,6 +289,8 @@ def _judge(answer: str, gold_text: str) -> Outcome:
     if _has_unknowns(predicted[0]) and not _has_unknowns(gold[0]):
         # A value with unknowns is not a number, even where a zero makes it one ("2 A 0" for 0).
         return ("ok", False, "wrong", None, value)
+    if _is_false_equation(predicted[0]):
+        return ("ok", False, "wrong", None, None)
     correct = bool(verify(gold, predicted, timeout_seconds=None, raise_on_error=True))
     return ("ok", correct, "correct" if correct else "wrong", None, value)
 

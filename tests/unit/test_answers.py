@@ -45,6 +45,17 @@ from dapo_core.answers import (
         ("25\\%", 25),
         ("  7. ", 7),
         ("\u22125", -5),  # unicode minus sign
+        ("10,\\!000", 10000),  # MATH-style thousands separator
+        ("1\\,000", 1000),  # thin-space thousands separator
+        ("-2,100", -2100),  # a comma directly followed by three digits is a separator
+        ("1,000.0", 1000),
+        ("- 7", -7),  # spaces that join no digits are layout
+        ("\\frac{68}{ 2}", 34),
+        ("**34**", 34),  # markdown emphasis, as the reward strips it
+        ("\u0663\u0664", 34),  # Arabic-Indic digits read as ASCII (the reward reads them the same)
+        ("\uff13\uff14", 34),  # fullwidth digits
+        ("\u0663\u0664.\u0660", 34),
+        ("\uff0d\uff17", -7),  # fullwidth minus
     ],
 )
 def test_integer_forms_convert(raw: str, expected: int) -> None:
@@ -74,6 +85,18 @@ def test_integer_forms_convert(raw: str, expected: int) -> None:
         ("(1,-16,-4,43)", "tuple"),
         ("3,5,7", "tuple"),
         ("-2,1", "tuple"),
+        # A comma followed by a space separates list entries, never thousands (issue 45: these were
+        # the golds 5125 and -2100, which the reward could never pay for the right answer).
+        ("5, 125", "tuple"),
+        ("-2, 100", "tuple"),
+        ("1, 000", "tuple"),
+        ("1 ,000", "tuple"),
+        # Digit groups separated only by spacing: thousands or a list? Ambiguous, so rejected.
+        ("12 345", "spaced_digits"),
+        ("1 000 000", "spaced_digits"),
+        ("12\\;345", "spaced_digits"),
+        ("12\\,5", "spaced_digits"),
+        ("2 3/4", "spaced_digits"),  # a mixed number, not 23/4
         ("\\begin{pmatrix}-18\\\\-49\\end{pmatrix}", "matrix"),
         ("40_9", "base"),
         ("4210_{5}", "base"),
@@ -105,6 +128,9 @@ def test_a_blank_answers_reason_reads_as_a_sentence() -> None:
 def test_int64_bounds() -> None:
     assert to_integer_answer("9223372036854775807").value == 2**63 - 1
     assert to_integer_answer("9223372036854775808").reason_code == "too_large"
+    # More digits than int() reads (4300) is a reason, not a crash (it raised ValueError).
+    assert to_integer_answer("1" * 5000).reason_code == "too_large"
+    assert to_integer_answer("1" * 5000 + ".0").reason_code == "too_large"
 
 
 def test_rewrite_hooks_are_tried_first_in_order() -> None:
@@ -168,5 +194,9 @@ def test_extractors() -> None:
     assert extract_boxed("so $6^3=\\boxed{216}$ cubic inches") == "216"
     assert extract_boxed("\\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"  # last, nested braces
     assert extract_boxed("no box") is None
+    # One boxed extractor for curation and the reward: the same spellings read the same way.
+    assert extract_boxed("\\boxed {34}") == "34"
+    assert extract_boxed("\\boxed 5.") == "5"
+    assert extract_boxed("\\boxed{7} and \\boxed{8") == "7"  # an unclosed box is skipped
     assert extract_gsm8k_answer("9 * 2 = 18\n#### 1,018") == "1,018"
     assert extract_gsm8k_answer("no marker") is None

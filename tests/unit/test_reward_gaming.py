@@ -53,6 +53,7 @@ def _pool_per_module() -> Iterator[None]:
         "Answer: 35 # 34",
         "Answer: 35 @ 34",
         "Answer: 35 . 34",
+        "Answer: 3'4",  # primes joining digits: math-verify reads 34
         # A modulus beside the value: the LaTeX grammar reads "34 \\mod 1000" as the remainder, 34,
         # so every gold g would score as "g \\mod M" for any M > g (hypothesis found "0\\mod2" for 0).
         "Answer: 34 \\mod 1000",
@@ -114,6 +115,63 @@ def test_a_single_value_answer_is_correct(response: str, gold: int) -> None:
     assert verdict.correct is True and verdict.reward == 1.0, verdict
 
 
+# ---------------------------------------------------------------- the official scorer is the floor
+# Right answers the official DAPO scorer (strict match of the last "Answer:" line) pays, which
+# scored -1 before issue 45: a lone "I" read as the imaginary unit ("34 I" -> 34*I), an empty last
+# "Answer:" line hid the answer above it, and a blank line after "Answer:" hid the value.
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("Answer: $34$ (I think)", 34),
+        ("Answer: 34 (I think)", 34),
+        ("Answer: The final answer is $34$. I hope it is correct.", 34),
+        ("Answer: I think it is 34.", 34),
+        ("Answer: A total of 34", 34),
+        ("Answer: 34\nAnswer:", 34),
+        ("Answer: 34\nAnswer:\n", 34),
+        ("Answer:\n\n34", 34),
+        ("Answer: \n \n$34$", 34),
+        ("Answer: 10,\\!000", 10000),  # MATH's thousands separator, which curation also reads
+        ("Answer: 3400\\%", 3400),  # a percent is a percent of its own number
+        ("Answer: 34\\%", 34),
+        ("Answer: 34 \\text{\\%}", 34),
+        # Unicode digits read as ASCII, as curation reads them (one rule on both sides).
+        ("Answer: \u0663\u0664", 34),
+        ("Answer: \u0663\u0664 cm", 34),
+        ("Answer: \u0663\u0664.\u0660", 34),
+        ("Answer: \uff13\uff14", 34),
+    ],
+)
+def test_what_the_official_scorer_pays_for_one_value_scores(response: str, gold: int) -> None:
+    verdict = score_response(response, gold, timeout_s=TIMEOUT_S)
+    assert verdict.correct is True and verdict.reward == 1.0, verdict
+
+
+@pytest.mark.parametrize(
+    ("response", "gold"),
+    [
+        ("Answer: 3400\\%", 34),  # 3400 percent is not 34 (it paid, and paid gold 3400 too)
+        ("Answer: 3400%", 34),
+        ("Answer: 34\\%", 3400),
+        ("Answer: 3400 \\%", 34),
+        ("Answer: 35 \\equiv 34", 34),  # \\equiv is a relation, like \\approx and \\mod
+        ("Answer: 34 \\equiv 35", 34),
+        ("Answer: x \\equiv 34", 34),
+        ("Answer: 35 = 34", 34),  # a false equation between two numbers states no value
+        ("Answer: 35 \\neq 34", 34),
+        ("Answer: 35 > 34", 34),
+        ("Answer: 35 \\le 34", 34),
+        ("Answer: 35 I 34", 34),  # the pronoun is prose: two values
+        ("Answer: 2' '0", 0),  # primes between two numbers: read as a product, 0 (hypothesis found it)
+    ],
+)
+def test_a_relation_or_a_percent_of_another_number_is_wrong(response: str, gold: int) -> None:
+    verdict = score_response(response, gold, timeout_s=TIMEOUT_S)
+    assert verdict.correct is False and verdict.reward == -1.0, verdict
+
+
 def test_boxed_fallback_reads_only_the_end_of_the_response() -> None:
     # The official scorer reads the last 300 characters: a response truncated long after an early
     # box has no final answer.
@@ -130,17 +188,17 @@ def test_boxed_fallback_reads_only_the_end_of_the_response() -> None:
 
 _WORDS = st.text(alphabet=st.characters(codec="ascii", categories=["Lu", "Ll"]), min_size=1, max_size=12)
 # Punctuation a policy could put between two values. Left out: digits (they would make a third value),
-# a newline (it starts a new line, and the last answer line is meant to win), "=" and `\\equiv` (an
-# equation: its last side is the stated value, as in the official scorer, which reads the text after
-# the last "="),
-# and arithmetic that combines the two numbers into one expression ("+", "-", "*", "/", "^", "_", "%",
-# ".", "!", "\\"), which is one value, judged by its value.
-_PUNCTUATION = st.sampled_from(list(",;:?|&#@~'\"()[]{}<>`$"))
+# a newline (it starts a new line, and the last answer line is meant to win), "=" (an equation whose
+# left side has an unknown, "35 A = 34", states its last side, as in the official scorer; a false
+# one between two numbers, "35 = 34", is tested in test_answer_agreement.py), and arithmetic that
+# combines the two numbers into one expression ("+", "-", "*", "/", "^", "_", ".", "!", "\\"), which
+# is one value, judged by its value. "%" is in: a percent is a unit of its own number.
+_PUNCTUATION = st.sampled_from(list(",;:?|&#@~'\"()[]{}<>`$%"))
 _LATEX_CONNECTIVES = st.sampled_from(
     ["\\text{ or }", "\\text{otherwise}", "\\quad", "\\qquad", "\\lor", "\\vee", "\\to", "\\Rightarrow",
      "\\mid", "\\;", "\\,", "\\\\", "\\textbf{not}", "\\mathrm{else}", "\\ne", "\\neq", "\\approx", "\\sim",
      "\\simeq", "\\cong", "\\iff", "\\implies", "\\ldots", "\\cdots", "\\mod", "\\pmod", "\\in", "\\circ",
-     "\\lt", "\\le", "\\geq", "\\boxed{}"]
+     "\\lt", "\\le", "\\geq", "\\boxed{}", "\\equiv", "\\%", "I"]
 )
 _JUNK = st.lists(st.one_of(_WORDS, _PUNCTUATION, _LATEX_CONNECTIVES), min_size=0, max_size=5).map(" ".join)
 _VALUES = st.integers(min_value=-10**6, max_value=10**6)
