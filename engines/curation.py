@@ -19,10 +19,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from dapo_core.answer_rewrite import rewrite_answer
 from dapo_core.answers import (
@@ -158,7 +160,8 @@ def _resolve_copies(
     pid: str, members: list[_Copy], config: CurateConfig
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(Problem rows, RejectedProblem rows) of the copies of one problem: conflicting answers
-    reject them all; otherwise one copy is kept (all of them without dedup)."""
+    reject them all; otherwise one copy is kept (all of them without dedup), and every kept copy
+    is in the problem's one split."""
     answers = sorted({value for _, _, value, _, _ in members})
     if len(answers) > 1:
         seen = "; ".join(f"{r.source} row {r.source_row}: {v}" for r, _, v, _, _ in members[:6])
@@ -166,11 +169,12 @@ def _resolve_copies(
             _rejected(record, "conflicting_answers", f"problem {pid} has answers {answers} ({seen})", text)
             for record, text, _, _, _ in members
         ]
-    # Resolve each copy's split; if any copy is a test problem the kept copy is a test one, so
-    # an evaluation set given alongside training data never leaks into the train split.
+    # One split per problem, whatever dedup says: if any copy is a test problem (an evaluation file
+    # marked @test, or a source whose test_fraction draws it) every kept copy is a test one, so an
+    # evaluation set given alongside training data never leaks into the train split.
     splits = [record.split or split_for(pid, fraction, config.split_seed) for record, _, _, fraction, _ in members]
     keep_index = splits.index("test") if "test" in splits else 0
-    first = members[keep_index][0]
+    split, first = splits[keep_index], members[keep_index][0]
     problems: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     for index, (record, text, value, _, rule) in enumerate(members):
@@ -179,7 +183,7 @@ def _resolve_copies(
                 _rejected(record, "duplicate", f"same problem {pid} as {first.source} row {first.source_row}", text)
             )
             continue
-        problems.append(_problem_row(pid, record, text, value, rule, splits[index], config))
+        problems.append(_problem_row(pid, record, text, value, rule, split, config))
     return problems, rejected
 
 
@@ -188,7 +192,7 @@ def curate_records(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Convert, deduplicate, split and render: (Problem rows, RejectedProblem rows), both sorted
     by (source, source_row). Among copies of a problem the first test-split copy wins, else the
-    first copy (earlier inputs, then earlier rows)."""
+    first copy (earlier inputs, then earlier rows); its split is every kept copy's."""
     _check_source_names(sources)
     groups, rejected = _convert_sources(sources, config, rewrites)
     problems: list[dict[str, Any]] = []
@@ -267,3 +271,32 @@ def curate_sources(inputs: Sequence[str], out_dir: str | Path, config: CurateCon
         raise AssertionError(f"curation lost rows: {report.kept} + {report.rejected} != {report.input_rows}")
     run_store.write_text(out / REPORT_NAME, json.dumps(asdict(report), indent=2, sort_keys=True) + "\n")
     return report
+
+
+class SplitOverlapError(RuntimeError):
+    """Curated train and test shards share a problem: held-out accuracy would measure memory."""
+
+
+def check_splits_disjoint(train: Mapping[str, Sequence[str]], test: Mapping[str, Sequence[str]]) -> None:
+    """Raise ``SplitOverlapError`` when a problem id is in both splits (``{shard: its problem ids}``
+    each), naming the first few such ids (sorted) and the shards that hold them. Curation puts each
+    problem in one split; this is the driver's guard that it did, before any work uses them."""
+    train_ids = {pid for ids in train.values() for pid in ids}
+    shared = sorted(train_ids.intersection(pid for ids in test.values() for pid in ids))
+    if not shared:
+        return
+    common = set(shared)
+    shards = [shard for split in (train, test) for shard, ids in split.items() if common.intersection(ids)]
+    raise SplitOverlapError(
+        f"{len(shared)} problem ids are in both the train and the test split (e.g. {', '.join(shared[:5])}), "
+        f"in shards {', '.join(shards)}: held-out problems must never be trained on; curate again "
+        "(each problem is put in one split, test when any copy is a test one)"
+    )
+
+
+def check_curated_splits_disjoint(train_paths: Sequence[str], test_paths: Sequence[str]) -> None:
+    """``check_splits_disjoint`` over curated Problem shards (paths or URIs; their ``problem_id`` column only)."""
+    def ids(paths: Sequence[str]) -> dict[str, list[str]]:
+        return {path: pq.read_table(run_store.fetch(path), columns=["problem_id"]).column(0).to_pylist() for path in paths}
+
+    check_splits_disjoint(ids(train_paths), ids(test_paths))

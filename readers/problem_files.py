@@ -16,15 +16,17 @@ template if it is wrapped), GSM8K raw (``question`` + ``answer`` ending ``#### N
 
 A problem with one row (undecodable text, wrong cell type, malformed JSON line) becomes a
 RawRecord carrying an error code, so the stage can reject it and go on; a problem with the whole
-file (unreadable/truncated, empty, unknown layout, wrong column types) raises ``CurationError``
-naming the file.
+file (missing, a folder, a symlink loop, gzip-compressed, unreadable/truncated, empty, unknown
+layout, wrong column types) raises ``CurationError`` naming the file, before any row is read.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,11 @@ from readers.synthetic import make_problem
 from storage import run_store
 
 SPLIT_SUFFIXES = ("@train", "@test")
+ACCEPTED_INPUTS = ("inputs are .parquet, .jsonl or .json (JSON lines) files, hf:PATH (a Hugging Face data set "
+                   "folder, or a folder of data files) or synthetic:...")
+HF_SAVED_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")
+"""Files of a ``datasets`` ``save_to_disk`` folder (any one marks it)."""
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class CurationError(RuntimeError):
@@ -187,12 +194,7 @@ def read_file(spec: InputSpec) -> SourceRecords:
             path = run_store.fetch(spec.target)  # a local copy; the records still name the URI
         except FileNotFoundError as err:
             raise CurationError(str(err)) from None
-    if not path.is_file():
-        at = where.rfind("@")
-        hint = f" (a split suffix is {' or '.join(SPLIT_SUFFIXES)}, not {where[at:]!r})" if at > where.rfind("/") else ""
-        raise CurationError(f"{where}: no such file{hint}")
-    if path.stat().st_size == 0:
-        raise CurationError(f"{where}: empty file")
+    _check_input_file(path, where)
     if path.suffix in (".jsonl", ".json"):
         rows, columns = _read_jsonl(path)
         return SourceRecords(path.name, records_from_rows(rows, columns, path.name, where, spec.split))
@@ -200,10 +202,44 @@ def read_file(spec: InputSpec) -> SourceRecords:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as err:
         if path.suffix != ".parquet":  # read as Parquet whatever its name, and named as what it is when it is not
-            raise CurationError(f"{where}: unknown file type {path.suffix or '(no suffix)'!r}; inputs are .parquet, "
-                                ".jsonl or .json (JSON lines) files, hf:NAME or synthetic:...") from None
+            raise CurationError(f"{where}: unknown file type {path.suffix or '(no suffix)'!r}; {ACCEPTED_INPUTS}") from None
         raise CurationError(f"{where}: cannot read as Parquet (truncated or not Parquet?): {err}") from None
     return SourceRecords(path.name, records_from_table(table, path.name, where, spec.split))
+
+
+def _path_error(where: str, err: OSError) -> CurationError:
+    """The one-line error of an input path that cannot be opened: a symlink loop, a missing file
+    (with a hint when it ends in a split suffix that is not one), or what the system said."""
+    if err.errno == errno.ELOOP:
+        return CurationError(f"{where}: symbolic link loop (ELOOP); point the link at the data file")
+    if err.errno in (errno.ENOENT, errno.ENOTDIR):
+        at = where.rfind("@")
+        hint = f" (a split suffix is {' or '.join(SPLIT_SUFFIXES)}, not {where[at:]!r})" if at > where.rfind("/") else ""
+        return CurationError(f"{where}: no such file{hint}")
+    return CurationError(f"{where}: cannot read: {err.strerror or err}")
+
+
+def _check_input_file(path: Path, where: str) -> None:
+    """Refuse, naming ``where``, an input path that is not a non-empty, readable, uncompressed file:
+    a folder (pointed to ``hf:`` when it holds a data set), a symlink loop, a missing file, a gzip file
+    (its bytes would read as undecodable rows or as an unknown layout)."""
+    try:
+        info = path.stat()  # follows links: a loop is ELOOP, a dangling link ENOENT
+        if stat.S_ISDIR(info.st_mode):
+            if is_saved_hf_folder(path):
+                raise CurationError(f"{where}: is a directory holding a Hugging Face data set; give it as hf:{where}")
+            raise CurationError(f"{where}: is a directory, not a file; {ACCEPTED_INPUTS.replace('hf:PATH', f'hf:{where}', 1)}")
+        if not stat.S_ISREG(info.st_mode):
+            raise CurationError(f"{where}: is not a regular file; {ACCEPTED_INPUTS}")
+        if info.st_size == 0:
+            raise CurationError(f"{where}: empty file")
+        with path.open("rb") as handle:
+            magic = handle.read(len(GZIP_MAGIC))
+    except OSError as err:
+        raise _path_error(where, err) from None
+    if magic == GZIP_MAGIC:
+        raise CurationError(f"{where}: is gzip-compressed; decompress it first (e.g. gunzip -k) and give the "
+                            ".parquet or .jsonl file it holds")
 
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any] | tuple[str, str]], list[str]]:
@@ -242,9 +278,14 @@ def read_hf_dataset(spec: InputSpec) -> list[SourceRecords]:
     import datasets
 
     target = spec.target
+    if os.path.lexists(target):  # a local path (else a name for datasets to resolve): a broken link says so
+        try:
+            Path(target).stat()
+        except OSError as err:
+            raise _path_error(f"hf:{target}", err) from None
     name = Path(target).name if Path(target).exists() else target
     try:
-        if Path(target).is_dir() and any((Path(target) / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
+        if is_saved_hf_folder(Path(target)):
             loaded = datasets.load_from_disk(target)
         else:
             loaded = datasets.load_dataset(target)
@@ -258,6 +299,11 @@ def read_hf_dataset(spec: InputSpec) -> list[SourceRecords]:
         split = spec.split or split_name
         sources.append(SourceRecords(source, records_from_table(table, source, f"hf:{target}", split)))
     return sources
+
+
+def is_saved_hf_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder written by ``datasets``' ``save_to_disk``."""
+    return path.is_dir() and any((path / marker).exists() for marker in HF_SAVED_MARKERS)
 
 
 # ----------------------------------------------------------------------------- layouts

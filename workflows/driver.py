@@ -27,6 +27,7 @@ from flyte.io import Dir, File
 import schemas
 from dapo_core.intervals import paired_change
 from engines import gc_heap, threads
+from engines.curation import check_curated_splits_disjoint
 from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, warmup_problem_ids
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
@@ -197,6 +198,7 @@ async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:
             f"{layout.problems_dir}: curation produced no {'train' if not train_paths else 'test'} split; "
             "give curate.test_fraction > 0 or inputs marked @train/@test"
         )
+    check_curated_splits_disjoint(train_paths, test_paths)  # held-out problems are never trained on
     # Before the step-0 policy is built: a pool too small for one step is a config error.
     check_pool_size(curated.kept_by_split.get("train", 0), prompts_per_step=drv.prompts_per_step,
                     prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds)

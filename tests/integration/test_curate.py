@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -11,6 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, TINY_PROMPT_TEMPLATE, problem_id
 from engines.curation import curate_records, curate_sources
@@ -51,6 +54,56 @@ def test_dedup_conflicts_and_splits_on_hand_made_records() -> None:
     assert [p["source_row"] for p in kept] == [0, 1]
     with pytest.raises(CurationError, match="same source name"):
         curate_records([SourceRecords("s", []), SourceRecords("s", [])], config)
+
+
+def _gsm8k_jsonl(path: Path, numbers: list[int]) -> str:
+    """A GSM8K-layout JSONL file with "What is N?" problems answered N; returns its path."""
+    path.write_text("".join(json.dumps({"question": f"What is {n}?", "answer": f"#### {n}"}) + "\n" for n in numbers))
+    return str(path)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_a_problem_given_as_train_data_and_in_an_eval_file_is_held_out_only(tmp_path: Path, dedup: bool) -> None:
+    """Issue 45: with ``curate.dedup: false`` each copy kept its own split, so a problem of the eval
+    file was in both splits. One split per problem id (test wins), whatever dedup says."""
+    train = _gsm8k_jsonl(tmp_path / "train.jsonl", [1, 2, 3, 4, 5])
+    heldout = _gsm8k_jsonl(tmp_path / "eval.jsonl", [2, 4])
+    report = curate_sources([train, heldout + "@test"], tmp_path / "out", CurateConfig(dedup=dedup))
+    problems = read_shards(tmp_path / "out" / "problems", Problem).to_pylist()
+    splits: dict[str, set[str]] = {}
+    for p in problems:
+        splits.setdefault(p["problem_id"], set()).add(p["split"])
+    assert {pid: s for pid, s in splits.items() if len(s) > 1} == {}
+    held = {problem_id(f"What is {n}?") for n in (2, 4)}
+    assert {pid for pid, s in splits.items() if s == {"test"}} == held
+    # Without dedup every copy is kept, the train file's copies of held-out problems as test rows.
+    assert report.kept_by_split == ({"test": 2, "train": 3} if dedup else {"test": 4, "train": 3})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    copies=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5), st.sampled_from([None, "train", "test"])),
+                    max_size=25),
+    fractions=st.tuples(*[st.sampled_from([None, 0.0, 0.5, 0.9])] * 3),
+    dedup=st.booleans(),
+)
+def test_every_problem_has_one_split_and_a_test_copy_makes_it_held_out(
+        copies: list[tuple[int, int, str | None]], fractions: tuple[float | None, ...], dedup: bool) -> None:
+    """Property: whatever the inputs, their forced splits, their test fractions and dedup, the kept
+    rows of one problem id share one split, and it is test when any copy was forced to test."""
+    records: dict[int, list[RawRecord]] = {0: [], 1: [], 2: []}
+    for source, number, split in copies:
+        records[source].append(RawRecord(f"s{source}", len(records[source]), f"What is {number}?", str(number), split))
+    sources = [SourceRecords(f"s{i}", records[i], fractions[i]) for i in range(3)]
+    problems, rejected = curate_records(sources, CurateConfig(dedup=dedup, rewrite_answers=False, test_fraction=0.3))
+    assert len(problems) + len(rejected) == len(copies)
+    kept_splits: dict[str, set[str]] = {}
+    for p in problems:
+        kept_splits.setdefault(p["problem_id"], set()).add(p["split"])
+    forced_test = {problem_id(f"What is {n}?") for _, n, split in copies if split == "test"}
+    for pid, splits in kept_splits.items():
+        assert len(splits) == 1, (pid, splits)
+        assert pid not in forced_test or splits == {"test"}
 
 
 def test_synthetic_curation_is_deterministic_and_split_by_hash(tmp_path: Path) -> None:
@@ -240,12 +293,14 @@ def test_gsm8k_test_all_kept(tmp_path: Path) -> None:
 
 
 @needs_data
-def test_eval_file_given_as_test_split_wins_dedup(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dedup", [True, False])
+def test_eval_file_given_as_test_split_wins_dedup(tmp_path: Path, dedup: bool) -> None:
     inputs = [str(DATA / "math500-aime24-aime25.parquet"), str(DATA / "aime-2024.dapo-x32.parquet") + "@test"]
-    report = curate_sources(inputs, tmp_path, CurateConfig())
-    assert report.kept_by_source["aime-2024.dapo-x32.parquet"] == 30  # 960 rows = 30 problems x 32 copies
-    assert report.kept_by_split["test"] == 30
+    report = curate_sources(inputs, tmp_path, CurateConfig(dedup=dedup))
+    # 960 rows = 30 problems x 32 copies
+    assert report.kept_by_source["aime-2024.dapo-x32.parquet"] == (30 if dedup else 960)
     problems = read_shards(tmp_path / "problems", Problem).to_pylist()
+    assert len({p["problem_id"] for p in problems if p["split"] == "test"}) == 30
     test_ids = {p["problem_id"] for p in problems if p["split"] == "test"}
     train_ids = {p["problem_id"] for p in problems if p["split"] == "train"}
     assert not test_ids & train_ids
@@ -308,3 +363,24 @@ def test_a_problem_too_long_for_a_prompt_is_rejected_at_curation_not_when_drawn(
     assert [p["source_row"] for p in problems] == [0]
     assert [(r["source_row"], r["reason_code"]) for r in rejected] == [(1, "problem_too_long")]
     assert "5,000,013 characters" in rejected[0]["reason"] and len(rejected[0]["problem"]) == 200
+
+
+def test_cli_names_a_folder_a_symlink_loop_and_a_gzip_file_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45: each was "no such file" or "unknown layout"; now exit 2, one line saying what the path is."""
+    import gzip
+
+    from workflows.cli import main
+
+    good = _gsm8k_jsonl(tmp_path / "good.jsonl", [1, 2])
+    packed = tmp_path / "packed.jsonl"
+    packed.write_bytes(gzip.compress(Path(good).read_bytes()))
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    out = tmp_path / "out"
+    for bad, said in ((packed, "is gzip-compressed"), (loop, "symbolic link loop"), (folder, "is a directory")):
+        assert main(["curate", good, str(bad), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == err.strip().splitlines()[0] and f"{bad}: {said}" in err, err
+        assert not out.exists()

@@ -145,3 +145,40 @@ def test_hf_dataset_saved_to_disk(tmp_path: Path) -> None:
     assert [(r.problem, r.answer, r.split) for r in sources[1].records] == [("A", "1", "train"), ("B", "\\frac{1}{2}", "train")]
     with pytest.raises(CurationError, match="cannot load data set offline"):
         read_input(f"hf:{tmp_path / 'nothing-here'}")
+
+
+def test_input_paths_that_are_not_readable_files_say_what_they_are(tmp_path: Path) -> None:
+    """Issue 45: a gzip file was called "unknown layout" (or its lines rejected one by one), a folder
+    and a symlink loop "no such file". Each now names the path and what it is."""
+    import gzip
+
+    lines = b'{"question": "Q", "answer": "#### 1"}\n'
+    for name, body in (("rows.jsonl", lines), ("rows.jsonl.gz", lines), ("rows.parquet", b"PAR1")):
+        packed = tmp_path / name
+        packed.write_bytes(gzip.compress(body))
+        with pytest.raises(CurationError, match=rf"{packed}: is gzip-compressed; decompress it first"):
+            read_input(str(packed))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(CurationError, match=rf"{folder}: is a directory, not a file; .*hf:{folder}"):
+        read_input(str(folder))
+    loop = tmp_path / "loop.parquet"
+    loop.symlink_to(loop)
+    with pytest.raises(CurationError, match=rf"{loop}: symbolic link loop"):
+        read_input(str(loop))
+    dangling = tmp_path / "dangling.parquet"
+    dangling.symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(CurationError, match=rf"{dangling}: no such file"):
+        read_input(str(dangling))
+    with pytest.raises(CurationError, match=rf"{tmp_path / 'missing.jsonl'}: no such file"):
+        read_input(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(CurationError, match=rf"{loop}: symbolic link loop"):
+        read_input(f"hf:{loop}")
+
+
+def test_a_saved_hf_folder_given_as_a_file_points_to_hf(tmp_path: Path) -> None:
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_dict.json").write_text("{}")
+    with pytest.raises(CurationError, match=rf"{saved}: is a directory holding a Hugging Face data set; give it as hf:{saved}"):
+        read_input(str(saved))
