@@ -38,6 +38,7 @@ __all__ = [
     "RoundReport",
     "group_filter_reason",
     "group_key",
+    "round_group_key",
     "group_filter_reasons",
 ]
 
@@ -105,14 +106,25 @@ def group_filter_reason(
     return group_filter_reasons(correct.unsqueeze(0), None if rewards is None else rewards.unsqueeze(0), by=by)[0]
 
 
-def group_key(problem_id: str, checkpoint_id: str, generation_round: int) -> str:
-    """The id of a group: the G samples of one problem from one round of one checkpoint.
+def round_group_key(problem_id: str, checkpoint_id: str, generation_round: int) -> str:
+    """A group's key among the rows of one generation round: its problem, checkpoint and round.
 
-    Unique within a step, carried surplus included: a step never draws a problem twice, nor one
-    carried into it (workflows/problem_order.py). The checkpoint alone would not separate an
-    earlier step's groups: a skipped step (no informative group) keeps the policy.
+    Unique within one step (a step never draws a problem twice, nor one carried into it:
+    workflows/problem_order.py), not across steps: after a skipped step, or pipelined, two steps
+    generate from one checkpoint and may draw one problem in the same round. Scoring groups one
+    round's rows by it; across steps a group is ``group_key``.
     """
     return f"{problem_id}|{checkpoint_id}|{generation_round}"
+
+
+def group_key(step: int, round_key: str) -> str:
+    """The id of a group in a run: one (step, round, problem, checkpoint), the G samples of one
+    problem that one step generated in one round from one checkpoint.
+
+    ``round_key`` is ``round_group_key``; the step is appended, so the order of groups (arrival
+    order, never the key's text) is unchanged.
+    """
+    return f"{round_key}|step-{step}"
 
 
 class DynamicSamplingExhaustedError(RuntimeError):

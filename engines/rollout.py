@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import threading
 import time
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +36,8 @@ from engines import vllm_engine
 from settings.rollout import RolloutConfig
 from storage import checkpoints, pruning, run_store
 
-_RAY_ACTORS: list[Any] = []
+_RAY_ACTORS: list[_RayEngine] = []  # this process's engine actors, reused across rounds
+_log = logging.getLogger(__name__)
 
 
 class RolloutError(RuntimeError):
@@ -47,6 +51,17 @@ class EngineOutputError(RuntimeError):
 
 class PromptTooLongError(RolloutError):
     """A prompt of the pool does not fit the model's context with the response cap (a config/input error)."""
+
+
+class PromptTextError(RolloutError):
+    """A problem's text holds characters the policy's tokenizer cannot represent (it would drop them or
+    read them as unknown): refused by problem id (reason code ``REASON_UNREPRESENTABLE``), never
+    generated from with characters missing (a config/input error)."""
+
+
+REASON_UNREPRESENTABLE = "unrepresentable_text"  # the reason code PromptTextError's message carries
+# Stands for the user message when the chat template is rendered once to find its own text around it.
+_CONTENT_MARK = "\x00dapo-user-message\x00"
 
 
 def derive_request_seed(seed: int, problem_id: str, generation_round: int, sample_index: int) -> int:
@@ -97,24 +112,81 @@ def load_problems(problem_paths: list[str], problem_ids: list[str] | None) -> li
     return [{"problem_id": pid, "prompt": by_id[pid]} for pid in problem_ids]
 
 
-def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str]) -> list[list[int]]:
+def tokenize_prompts(checkpoint_dir: str | Path, prompts: list[str], *,
+                     problem_ids: list[str] | None = None) -> list[list[int]]:
     """Prompt token ids, through the tokenizer's chat template when it has one.
 
     The tiny tokenizer's template renders the user message verbatim; a chat model's wraps it in
-    its own turn markers (what the model was tuned on). All prompts are rendered and encoded in
-    one batch (48 prompts: ~1 ms instead of ~4 one by one), with the checkpoint's tokenizer kept
-    while its files stay the same (every step's checkpoint copies its parent's).
+    its own turn markers (what the model was tuned on). The prompt's text is encoded with special
+    tokens read as text, so a problem holding ``<|im_end|>`` or ``<eos>`` cannot close its turn or
+    open another; only the template's own text around it yields the markers. A prompt with a
+    character the tokenizer cannot represent raises PromptTextError naming its problem
+    (``problem_ids[i]``, else its index). All prompts are rendered and encoded in one batch, with
+    the checkpoint's tokenizer kept while its files stay the same (every step's checkpoint copies
+    its parent's).
     """
     if not prompts:
         return []
+    names = list(problem_ids) if problem_ids is not None else [f"#{i}" for i in range(len(prompts))]
     with _TOKENIZER_LOCK:  # one caller at a time: pipelined runs tokenize from two task threads
         tokenizer = _tokenizer(Path(checkpoint_dir))
-        if tokenizer.chat_template:
-            texts = tokenizer.apply_chat_template(
-                [[{"role": "user", "content": prompt}] for prompt in prompts], add_generation_prompt=True, tokenize=False
-            )
-            return tokenizer(texts, add_special_tokens=False).input_ids
-        return tokenizer(prompts).input_ids
+        if not tokenizer.chat_template:
+            _refuse_unrepresentable(tokenizer, prompts, _text_ids(tokenizer, prompts), names)
+            return tokenizer(prompts, split_special_tokens=True).input_ids  # with the tokenizer's own BOS/EOS
+        head, tail = _template_around_message(tokenizer, checkpoint_dir)
+        messages = [_message_text(text, head, tail, name, checkpoint_dir)
+                    for text, name in zip(_render(tokenizer, prompts), names)]
+        message_ids = _text_ids(tokenizer, messages)
+        _refuse_unrepresentable(tokenizer, messages, message_ids, names)
+        head_ids, tail_ids = tokenizer([head, tail], add_special_tokens=False).input_ids  # the markers, parsed
+        return [head_ids + ids + tail_ids for ids in message_ids]
+
+
+def _render(tokenizer: Any, prompts: list[str]) -> list[str]:
+    """Each prompt as the chat template renders it: one user message and the generation prompt."""
+    return tokenizer.apply_chat_template([[{"role": "user", "content": prompt}] for prompt in prompts],
+                                         add_generation_prompt=True, tokenize=False)
+
+
+def _template_around_message(tokenizer: Any, checkpoint_dir: str | Path) -> tuple[str, str]:
+    """The template's text before and after the user message (the same for every message)."""
+    marked = _render(tokenizer, [_CONTENT_MARK])[0]
+    if marked.count(_CONTENT_MARK) != 1:
+        raise RolloutError(f"{checkpoint_dir}: the chat template renders the user message {marked.count(_CONTENT_MARK)} "
+                           "times, not once: its text cannot be kept apart from the template's markers")
+    head, tail = marked.split(_CONTENT_MARK)
+    return head, tail
+
+
+def _message_text(rendered: str, head: str, tail: str, name: str, checkpoint_dir: str | Path) -> str:
+    """The user message's part of one rendered prompt (as the template wrote it, e.g. trimmed)."""
+    if len(rendered) < len(head) + len(tail) or not (rendered.startswith(head) and rendered.endswith(tail)):
+        raise RolloutError(f"problem {name}: the chat template of {checkpoint_dir} renders the text around this "
+                           "problem's message differently from other messages; its text cannot be kept apart "
+                           "from the template's markers")
+    return rendered[len(head):len(rendered) - len(tail)]
+
+
+def _text_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of plain text: a special token's string in it is text, never that token."""
+    return tokenizer(texts, add_special_tokens=False, split_special_tokens=True).input_ids
+
+
+def _refuse_unrepresentable(tokenizer: Any, texts: list[str], ids: list[list[int]], names: list[str]) -> None:
+    """Raise PromptTextError when a text's ids do not give the text back: the tokenizer dropped a
+    character or read it as unknown (a special id). Compared under NFKC: a tokenizer may normalise."""
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    decoded = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    bad = [(name, text, back) for name, text, back, seq in zip(names, texts, decoded, ids)
+           if special.intersection(seq) or unicodedata.normalize("NFKC", back) != unicodedata.normalize("NFKC", text)]
+    if bad:
+        name, text, back = bad[0]
+        lost = "".join(sorted(set(text) - set(back))) or text
+        raise PromptTextError(
+            f"{len(bad):,} of {len(texts):,} prompts hold text the policy's tokenizer cannot represent "
+            f"({REASON_UNREPRESENTABLE}): problem {name}: {lost[:20]!r} would be dropped or read as unknown; "
+            "curate without such problems or use a policy whose tokenizer covers them"
+        )
 
 
 _TOKENIZERS: dict[str, Any] = {}  # architecture digest (config + tokenizer files) -> loaded tokenizer
@@ -145,10 +217,12 @@ def check_prompt_lengths(checkpoint_dir: str | Path, problems: list[dict[str, An
 
     Run by the driver once the step-0 policy exists (its tokenizer decides the lengths), before
     any rollout: otherwise a long prompt kills the run only when a step draws it, maybe hours in.
-    The error names the longest prompt's problem, how many prompts overflow and the fields.
+    The error names the longest prompt's problem, how many prompts overflow and the fields; a
+    prompt whose text the tokenizer cannot represent is refused here too (PromptTextError).
     """
     limit = max_model_len or model_max_positions(checkpoint_dir)
-    lengths = [len(ids) for ids in tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])]
+    prompts, ids = [p["prompt"] for p in problems], [p["problem_id"] for p in problems]
+    lengths = [len(token_ids) for token_ids in tokenize_prompts(checkpoint_dir, prompts, problem_ids=ids)]
     over = [(n, p["problem_id"]) for n, p in zip(lengths, problems) if n + max_response_tokens > limit]
     if over:
         n, worst = max(over)
@@ -257,8 +331,26 @@ def sampled_log_probs(logprobs: Any, token_ids: list[int], *, problem: str) -> l
     return list(logprobs.logprobs)
 
 
+@dataclass(frozen=True)
+class EnginePlace:
+    """Where an engine actor runs: its Ray node and its process (named when it dies)."""
+
+    node_id: str
+    pid: int
+
+
+class EngineLostError(RuntimeError):
+    """A part's engine actor died (process killed, node lost) and so did the fresh one that ran it
+    again: an infrastructure fault (exit 1), named by engine, process and node."""
+
+
 class _EngineActor:
     """A Ray actor holding one engine on one GPU; its engine survives across calls (reload)."""
+
+    def where(self) -> EnginePlace:
+        import ray
+
+        return EnginePlace(ray.get_runtime_context().get_node_id(), os.getpid())
 
     def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> GeneratedPart:
         # The actor may sit on another node than the task body: it fetches the checkpoint itself
@@ -267,22 +359,63 @@ class _EngineActor:
         return generate_part(str(checkpoints.fetch_policy(checkpoint_dir)), settings, sampling, requests, label)
 
 
+@dataclass(frozen=True)
+class _RayEngine:
+    """One engine actor of this process (kept in ``_RAY_ACTORS``) and where it runs."""
+
+    actor: Any
+    place: EnginePlace
+
+    def named(self, index: int) -> str:
+        return f"engine {index} (pid {self.place.pid} on Ray node {self.place.node_id})"
+
+
+def _ray_engines(count: int, gpus_per_engine: int) -> list[_RayEngine]:
+    """``count`` engine actors: the live ones kept from earlier rounds, then new ones (a GPU set each)."""
+    import ray
+
+    actor_class = ray.remote(num_gpus=gpus_per_engine)(_EngineActor)
+    new = [actor_class.remote() for _ in range(count - len(_RAY_ACTORS))]
+    for actor, place in zip(new, ray.get([actor.where.remote() for actor in new])):
+        _RAY_ACTORS.append(_RayEngine(actor, place))
+    return _RAY_ACTORS[:count]
+
+
 def _ray_generate(
     checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]]
 ) -> list[GeneratedPart]:
-    """Run each part on its own GPU engine (Ray actors, started once per process and reused)."""
+    """Run each part on its own GPU engine (Ray actors, started once per process and reused).
+
+    An actor that died (kill -9, a lost node; before or during this round) is dropped from the
+    process's engines and its part runs once more on a fresh actor: each request carries its own
+    seed, so the re-run samples exactly what the dead engine would have. A part whose second actor
+    dies too raises EngineLostError naming the engines and nodes; a round never comes back short.
+    """
     import ray
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, ignore_reinit_error=True)
-    actor_class = ray.remote(num_gpus=settings.tensor_parallel_size)(_EngineActor)
-    while len(_RAY_ACTORS) < len(parts):
-        _RAY_ACTORS.append(actor_class.remote())
-    futures = [
-        actor.generate.remote(checkpoint_dir, settings, sampling, part, f"engine {i}")
-        for i, (actor, part) in enumerate(zip(_RAY_ACTORS, parts))
-    ]
-    return ray.get(futures)
+    done: dict[int, GeneratedPart] = {}
+    lost: list[str] = []
+    for _attempt in range(2):
+        engines = _ray_engines(len(parts), settings.tensor_parallel_size)
+        futures = {
+            i: engines[i].actor.generate.remote(checkpoint_dir, settings, sampling, parts[i], f"engine {i}")
+            for i in range(len(parts)) if i not in done
+        }
+        for i, future in futures.items():
+            try:
+                done[i] = ray.get(future)
+            except ray.exceptions.RayActorError as err:
+                lost.append(engines[i].named(i))
+                _RAY_ACTORS.remove(engines[i])
+                ray.kill(engines[i].actor)  # an unreachable one must not keep holding its GPU
+                _log.warning("%s died (%s); its %d requests run again on a fresh engine",
+                             engines[i].named(i), type(err).__name__, len(parts[i]))
+        if len(done) == len(parts):
+            return [done[i] for i in range(len(parts))]
+    raise EngineLostError(f"Ray engine actors died twice for the same part of this round: {', '.join(lost)}; "
+                          "check the nodes (memory, preemption) and run the round again")
 
 
 def split_parts(requests: list[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
@@ -320,13 +453,29 @@ def _generate_parts(
 ) -> tuple[list[dict[str, Any]], float]:
     """Every part's results, in part order, and the seconds spent generating: on Ray actors (each
     fetches ``source``; the parts generate at once, so the longest part's) or one after another on
-    this process's engine (the sum)."""
+    this process's engine (the sum). Fewer results than requests is an EngineOutputError, never a
+    short round (a smaller group would skew its advantages, eq. 9)."""
     if on_ray:
         done = _ray_generate(source, settings, sampling, parts)
-        return [r for part in done for r in part.results], max(part.generate_seconds for part in done)
-    done = [generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
-            for i, part in enumerate(parts)]
-    return [r for part in done for r in part.results], sum(part.generate_seconds for part in done)
+        seconds = max(part.generate_seconds for part in done)
+    else:
+        done = [generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
+                for i, part in enumerate(parts)]
+        seconds = sum(part.generate_seconds for part in done)
+    results = [r for part in done for r in part.results]
+    _check_whole_round(parts, results)
+    return results, seconds
+
+
+def _check_whole_round(parts: list[list[dict[str, Any]]], results: list[dict[str, Any]]) -> None:
+    """Refuse results that are not one per request, in request order; names a missing request."""
+    asked = [(r["problem_id"], r["sample_index"]) for part in parts for r in part]
+    got = [(r["problem_id"], r["sample_index"]) for r in results]
+    if got != asked:
+        answered = set(got)
+        missing = [key for key in asked if key not in answered] or asked
+        raise EngineOutputError(f"the engines returned {len(got)} results for {len(asked)} requests "
+                                f"(first unanswered or out of order: problem {missing[0][0]} sample {missing[0][1]})")
 
 
 def _rollout_rows(
@@ -411,7 +560,8 @@ def generate_rollouts(
     if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
         raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
     max_model_len = config.max_model_len or model_max_positions(checkpoint_dir)
-    token_ids = tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems])
+    token_ids = tokenize_prompts(checkpoint_dir, [p["prompt"] for p in problems],
+                                 problem_ids=[p["problem_id"] for p in problems])
     _check_prompts_fit(problems, token_ids, max_response_tokens=config.max_response_tokens, max_model_len=max_model_len)
     requests = _request_list(
         [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round

@@ -27,7 +27,7 @@ from dapo_core.rewards import (
     score_responses,
     summarize_verdicts,
 )
-from dapo_core.sampling import REASON_KEPT, group_filter_reason, group_key
+from dapo_core.sampling import REASON_KEPT, group_filter_reason, round_group_key
 from engines.verifier_pool import process_judge
 from settings.score import ScoreConfig
 
@@ -36,7 +36,7 @@ from settings.score import ScoreConfig
 class GroupDecision:
     """One group's dynamic-sampling verdict, as its rows in the ScoredRollout shard hold it."""
 
-    group_key: str  # dapo_core.sampling.group_key: problem, checkpoint, round
+    group_key: str  # dapo_core.sampling.round_group_key: problem, checkpoint, round (the driver adds the step)
     filter_reason: str  # the rows' ``filter_reason`` (kept | all_correct | all_wrong | zero_reward_std)
     problem_id: str
 
@@ -60,9 +60,10 @@ class ScoreStats:
 
 
 def group_keys_of(table: pa.Table) -> list[str]:
-    """``group_key`` of every row of a Rollout/ScoredRollout table."""
+    """``round_group_key`` of every row of a Rollout/ScoredRollout table (of one step: the table
+    records no step; dapo_core.sampling.group_key adds it where it is known)."""
     return [
-        group_key(pid, ckpt, rnd)
+        round_group_key(pid, ckpt, rnd)
         for pid, ckpt, rnd in zip(
             table.column("problem_id").to_pylist(),
             table.column("checkpoint_id").to_pylist(),

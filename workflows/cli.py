@@ -64,7 +64,7 @@ RESULT_ON_STDOUT = frozenset({"curate", "bootstrap", "rollout", "score", "train"
 
 # Errors that mean "fix your config or input", raised before any long work; their messages name
 # the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
-USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "CurationError", "RunFolderError", "HeldOutSeenError",
+USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "PromptTextError", "CurationError", "RunFolderError", "HeldOutSeenError",
                          "BootstrapError", "PrunedWeightsError"})
 
 

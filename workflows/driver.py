@@ -413,11 +413,13 @@ class _PipelineStages:
         if plan.skipped:
             trained = _skipped_step(step, self.checkpoint)
         else:
-            sources = sorted({ref.source for _, ref in [*result.kept, *result.surplus]})
+            # Each scored shard with the step that generated it: a group is one step's (dapo_core.sampling.group_key).
+            scored = sorted({(ref.source, ref.generated_step) for _, ref in [*result.kept, *result.surplus]})
+            sources = [source for source, _ in scored]
             batch_path, surplus_path = str(layout.batch_shard(step)), str(layout.surplus_shard(step))
             await call_verified(
                 assemble_batch, [batch_path, surplus_path],
-                sources, [g for g, _ in result.kept], [g for g, _ in result.surplus],
+                sources, [generated for _, generated in scored], [g for g, _ in result.kept], [g for g, _ in result.surplus],
                 batch_path, surplus_path, upstream=sources,
             )
             published = await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],

@@ -37,7 +37,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dapo_core.sampling import DynamicSamplingAccumulator, DynamicSamplingResult
+from dapo_core.sampling import DynamicSamplingAccumulator, DynamicSamplingResult, group_key
 from workflows.problem_order import ProblemOrder, check_pool_size
 
 
@@ -68,7 +68,7 @@ class GroupRef:
 class GeneratedRound:
     """One generation round's groups, as the accumulator takes them, and the stages' figures."""
 
-    groups: list[tuple[str, str, GroupRef]]  # (group key, filter reason, ref), in shard order
+    groups: list[tuple[str, str, GroupRef]]  # (round group key, filter reason, ref), in shard order
     stats: dict[str, Any] = field(default_factory=dict)  # what rollout and scoring measured
 
 
@@ -155,7 +155,9 @@ async def sample_step(
         epochs.append([epoch for _, epoch in drawn])
         generated = await stages.generate(step, acc.rounds, ids, behaviour_step)
         round_stats.append(generated.stats)
-        acc.add_round(generated.groups)
+        # A group is one (step, round, problem, checkpoint): two steps may generate one problem in
+        # one round from one checkpoint (after a skipped step, or pipelined), so the step is part of its id.
+        acc.add_round([(group_key(step, key), reason, ref) for key, reason, ref in generated.groups])
     return StepPlan(step=step, requests=requests, request_epochs=epochs, result=acc.finish(), round_stats=round_stats)
 
 

@@ -29,7 +29,7 @@ from dapo_core.sampling import (
     REASON_ALL_CORRECT,
     REASON_ALL_WRONG,
     REASON_KEPT,
-    group_key,
+    round_group_key,
 )
 from workflows.step_loop import (
     GeneratedRound,
@@ -116,7 +116,7 @@ class SimulatedStages:
         source = f"step-{step:04d}/round-{generation_round:02d}"
         for pid, n in zip(problem_ids, correct.tolist()):
             reason = REASON_ALL_CORRECT if n == self.samples_per_prompt else REASON_ALL_WRONG if n == 0 else REASON_KEPT
-            groups.append((group_key(pid, checkpoint, generation_round), reason,
+            groups.append((round_group_key(pid, checkpoint, generation_round), reason,
                            GroupRef(problem_id=pid, source=source, generated_step=step, behaviour_step=behaviour_step)))
         accuracy = float(correct.sum()) / max(1, len(problem_ids) * self.samples_per_prompt)
         return GeneratedRound(groups=groups, stats={"samples": len(problem_ids) * self.samples_per_prompt,
