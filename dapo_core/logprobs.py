@@ -20,7 +20,9 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-Head = Callable[[torch.Tensor], torch.Tensor]  # hidden [b, n, H] -> logits [b, n, V] (e.g. model.lm_head)
+# hidden [b, n, H] -> logits [b, n, V]: all the model's forward does after its last norm (lm_head, then any
+# logit post-processing such as Gemma's soft-capping; engines/train_engine.py: logit_head).
+Head = Callable[[torch.Tensor], torch.Tensor]
 
 
 def _chunk_log_probs(head: Head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -49,8 +51,10 @@ def chunked_token_log_probs(
     """Log-prob of every token, computed ``chunk_tokens`` positions at a time.
 
     Args:
-        head: the output projection (``model.lm_head``): ``[b, n, H] -> [b, n, V]``. Pass the
-            module, not its weight: under ZeRO-3 only the module's forward sees the whole weight.
+        head: the model's output head, ``[b, n, H] -> [b, n, V]``: exactly what its forward does
+            from the final hidden states to the logits (``lm_head``, then any post-processing), or
+            the log-probs are another policy's. Call the module, not its weight: under ZeRO-3 only
+            the module's forward sees the whole weight.
         hidden: ``[B, L, H]`` final hidden states (after the last norm).
         input_ids: ``[B, L]`` the tokens; position ``p`` is predicted from ``hidden[:, p - 1]``.
         chunk_tokens: positions per head call (peak memory ~ ``B * chunk_tokens * V`` floats).

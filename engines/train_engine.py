@@ -13,6 +13,8 @@ saving the optimizer state is engines/train_checkpoint.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -20,7 +22,7 @@ import torch
 from dapo_core.logprobs import chunked_token_log_probs
 from dapo_core.metrics import token_mean_entropy
 from engines import train_batch as tb
-from engines.train_spec import WorkerSpec
+from engines.train_spec import TrainStepFailure, WorkerSpec
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -141,6 +143,86 @@ def build_engine(spec: WorkerSpec, *, world_size: int) -> tuple[DeepSpeedEngine,
     return engine, pad_token_id
 
 
+@dataclass(frozen=True)
+class LogitRule:
+    """What a causal LM's forward does to ``lm_head``'s output before it returns the logits: an
+    operation with the value of one config attribute (no operation where the value is None)."""
+
+    attribute: str
+    apply: Callable[[torch.Tensor, float], torch.Tensor]  # (lm_head logits, the value) -> logits
+
+
+def _soft_cap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    # cap * tanh(logits / cap), in the order the models' forwards compute it (same rounding).
+    return torch.tanh(logits / cap) * cap
+
+
+_SOFT_CAP = LogitRule("final_logit_softcapping", _soft_cap)
+_TIMES_LOGIT_SCALE = LogitRule("logit_scale", lambda logits, scale: logits * scale)
+_OVER_LOGITS_SCALING = LogitRule("logits_scaling", lambda logits, scaling: logits / scaling)
+_TIMES_LOGITS_SCALING = LogitRule("logits_scaling", lambda logits, scaling: logits * scaling)
+
+# Causal LMs (config.model_type) whose forward post-processes lm_head's output, as transformers 5.19's
+# *ForCausalLM.forward does it. Keyed by model type, not by attribute: the same attribute means
+# different operations (Granite divides by logits_scaling, HyperCLOVA X multiplies by it).
+LOGIT_RULES: dict[str, LogitRule] = {
+    **dict.fromkeys(("gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "vaultgemma", "nanochat"), _SOFT_CAP),
+    **dict.fromkeys(("cohere", "cohere2", "cohere2_moe", "cohere_compass_text"), _TIMES_LOGIT_SCALE),
+    **dict.fromkeys(("granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared",
+                     "granitemoehybrid"), _OVER_LOGITS_SCALING),
+    "hyperclovax": _TIMES_LOGITS_SCALING,
+    "recurrent_gemma": LogitRule("logits_soft_cap", _soft_cap),
+}
+_RULE_ATTRIBUTES = tuple(sorted({rule.attribute for rule in LOGIT_RULES.values()}))
+_FALLBACK = "set logprob_chunk_tokens: 0 to take the log-probs from the model's own logits"
+
+
+def logit_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What ``model``'s forward does from its final hidden states to its logits: ``model.lm_head``,
+    then its architecture's post-processing (``LOGIT_RULES``). ``model.lm_head`` itself where there is
+    none, so a plain model's chunked log-probs are unchanged to the bit.
+
+    Raises TrainStepFailure for a model without the ``model`` body and ``lm_head`` the chunked path
+    reads, or whose config (or its text part, in a multimodal model) carries a post-processing
+    attribute that no rule covers for its type: the chunked log-probs would be another policy's.
+    """
+    model_type = model.config.model_type
+    if not (hasattr(model, "model") and hasattr(model, "lm_head")):
+        raise TrainStepFailure(f"model_type {model_type!r} has no .model and .lm_head to chunk the log-probs "
+                               f"from; {_FALLBACK}")
+    config, lm_head = model.config.get_text_config(), model.lm_head
+    rule = LOGIT_RULES.get(model_type)
+    if rule is None:
+        unknown = [a for a in _RULE_ATTRIBUTES if getattr(config, a, None) is not None]
+        if unknown:
+            raise TrainStepFailure(f"model_type {model_type!r} sets {', '.join(unknown)}, a logit "
+                                   f"post-processing the chunked log-probs do not know; {_FALLBACK}")
+        return lm_head
+    value = getattr(config, rule.attribute, None)
+    if value is None:
+        return lm_head
+    return lambda hidden: rule.apply(lm_head(hidden), value)
+
+
+def _check_head(model_type: str, chunked: torch.Tensor, own_logits: torch.Tensor, ids: torch.Tensor) -> None:
+    """Refuse if the chunked log-prob of the last token differs from the one the model's own forward
+    gives (``own_logits`` [b, 1, V], predicting it): a safety net under ``LOGIT_RULES`` that costs no
+    extra head call (a collective under ZeRO-3).
+
+    The two head calls differ in shape, so their matmuls may round differently: a log-prob moves by
+    up to ~2 ulps of the largest logit (target logit and log Z), so the bound is 4 of them in the
+    logits' dtype (bf16: ~3% of the largest logit; fp32: ~5e-7 of it). A missing scale or soft-cap
+    on a real model moves it by far more.
+    """
+    with torch.no_grad():
+        own = torch.log_softmax(own_logits[:, 0].float(), dim=-1).gather(-1, ids[:, -1:]).squeeze(-1)
+        ulp = torch.finfo(own_logits.dtype).eps * max(1.0, float(own_logits.abs().max()))
+        worst = float((chunked[:, -1] - own).abs().max())
+    if not worst <= 4 * ulp:  # also refuses NaN
+        raise TrainStepFailure(f"model_type {model_type!r}: the chunked log-probs differ from the model's own "
+                               f"forward by up to {worst:.3g} nats (an unknown logit post-processing?); {_FALLBACK}")
+
+
 def forward_log_probs(engine: DeepSpeedEngine, mb: tb.TrainBatch, *, device: torch.device, chunk_tokens: int,
                       head_calls: int | None, entropy_mask: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, float | None]:
@@ -149,8 +231,9 @@ def forward_log_probs(engine: DeepSpeedEngine, mb: tb.TrainBatch, *, device: tor
     ``entropy_mask`` [b, l] selects the positions whose predicting distribution's entropy is
     summed (position p: the distribution over token p). With ``chunk_tokens``
     (``logprob_chunk_tokens``) the logits come from the hidden states chunk by chunk
-    (dapo_core/logprobs.py), in ``head_calls`` output-head calls; the model's own head then
-    computes one position only (``logits_to_keep=1``).
+    (dapo_core/logprobs.py), in ``head_calls`` calls of the model's head (``logit_head``: lm_head
+    and the architecture's logit post-processing); the model's own head then computes two positions
+    only (``logits_to_keep=2``), whose first checks the chunked result (``_check_head``).
     """
     ids = mb.input_ids.to(device)
     attention = mb.attention_mask.to(device).long()
@@ -162,15 +245,19 @@ def forward_log_probs(engine: DeepSpeedEngine, mb: tb.TrainBatch, *, device: tor
             shifted = entropy_mask[:, 1:].to(device)
             entropy_sum = float(token_mean_entropy(logits[:, :-1], shifted)) * float(shifted.sum())
         return tb.token_log_probs(logits, ids), entropy_sum
+    model = engine.module
+    head = logit_head(model)
     captured: dict[str, torch.Tensor] = {}
-    base = engine.module.model
-    handle = base.register_forward_hook(lambda _m, _i, out: captured.__setitem__("hidden", out.last_hidden_state))
+    body = model.model
+    handle = body.register_forward_hook(lambda _m, _i, out: captured.__setitem__("hidden", out.last_hidden_state))
     try:
-        engine(input_ids=ids, attention_mask=attention, logits_to_keep=1)
+        own_logits = engine(input_ids=ids, attention_mask=attention, logits_to_keep=2).logits
     finally:
         handle.remove()
-    lp, entropy = chunked_token_log_probs(engine.module.lm_head, captured["hidden"], ids, chunk_tokens=chunk_tokens,
+    lp, entropy = chunked_token_log_probs(head, captured["hidden"], ids, chunk_tokens=chunk_tokens,
                                           with_entropy=entropy_mask is not None, num_chunks=head_calls)
+    if ids.shape[1] >= 2:
+        _check_head(model.config.model_type, lp, own_logits[:, :1], ids)
     entropy_sum = None
     if entropy is not None and entropy_mask is not None:
         entropy_sum = float((entropy * entropy_mask.to(device)).sum())
