@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra import handoff, sizing
+from infra import handoff, model_shape, sizing
 from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,8 @@ class DeployInputError(DeployError):
 
 
 def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture | None:
-    """The architecture to size: ``--model`` name, else one named in the bootstrap source; None for the tiny
+    """The architecture to size: ``--model`` name, else the bootstrap source folder's config.json, else a
+    known name in the source; None for the tiny
     policies: the one warmed up (``tiny``) and those shipped in assets/policies (``shipped:NAME``, the
     main job's), which fit the CPU and need no cluster plan."""
     from engines.policy_bootstrap import SHIPPED_PREFIX
@@ -83,11 +84,17 @@ def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture |
         return KNOWN_ARCHITECTURES[model.lower()]
     if source == "tiny" or source.startswith(SHIPPED_PREFIX):
         return None
+    if (Path(source) / model_shape.CONFIG_FILE).is_file():  # a local model folder: its own shape
+        try:
+            return model_shape.load_architecture(source)
+        except ValueError as err:
+            raise DeployInputError(f"bootstrap.source: {err}") from err
     for name, arch in KNOWN_ARCHITECTURES.items():
         if name in source.lower():
             return arch
     raise DeployInputError(
-        f"bootstrap.source {source!r}: no known architecture in its name; pass --model one of {sorted(KNOWN_ARCHITECTURES)}"
+        f"bootstrap.source {source!r}: no {model_shape.CONFIG_FILE} there and no known architecture in its name; "
+        f"point it at a model folder or pass --model one of {sorted(KNOWN_ARCHITECTURES)}"
     )
 
 

@@ -47,6 +47,7 @@ class ModelArchitecture:
     tied_embeddings: bool  # LM head shares the embedding matrix
     qkv_bias: bool  # q/k/v projections carry a bias (Qwen2 does)
     nominal_params: int  # the parameter count its publisher states, for cross-checking
+    qk_norm: bool = False  # an RMSNorm over each query and key head (Qwen3)
 
 
 # Qwen2.5-32B, from its published config.json (Qwen/Qwen2.5-32B on the Hugging Face hub:
@@ -79,6 +80,8 @@ def parameter_count(arch: ModelArchitecture) -> int:
         attention += q_width + 2 * kv_width
     mlp = 3 * h * arch.intermediate_size  # gate, up and down projections
     norms = 2 * h  # input and post-attention RMSNorm weights
+    if arch.qk_norm:
+        norms += 2 * arch.head_dim  # one q_norm and one k_norm, shared across heads
     per_layer = attention + mlp + norms
     embeddings = arch.vocab_size * h * (1 if arch.tied_embeddings else 2)
     return arch.layers * per_layer + embeddings + h  # + the final RMSNorm

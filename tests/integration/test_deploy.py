@@ -13,6 +13,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PAPER_CONFIG = REPO / "configs" / "qwen2.5-32b-dapo.yaml"
 
@@ -128,3 +130,12 @@ def test_serve_refuses_a_local_checkpoint(tmp_path: Path) -> None:
     result = _deploy("--dry-run", "--serve", str(tmp_path))
     assert result.returncode == 2  # the option given is wrong (a code problem exits 1: the tests above)
     assert f"--serve {tmp_path}: the serving app streams the checkpoint from the object store" in result.stderr
+
+
+@pytest.mark.parametrize("model", ["Qwen2.5-7B", "Llama-3.1-8B"])
+def test_a_bootstrap_source_folder_is_sized_from_its_config_json(model: str) -> None:
+    # Before: exit 2, "no known architecture in its name; pass --model one of ['qwen2.5-32b']".
+    source = REPO / "tests" / "data" / "model_configs" / model
+    result = _deploy("--dry-run", "--config", str(PAPER_CONFIG), "--set", f"bootstrap.source={source}")
+    assert result.returncode == 0, result.stderr
+    assert f"resolved resources for {model}" in result.stdout
