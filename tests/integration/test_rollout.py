@@ -331,7 +331,7 @@ def test_the_context_check_before_bootstrap_sees_the_tokenizer_the_policy_will_h
     # the tiny source's tokenizer folder must tokenize and bound the context exactly as the policy.
     from engines.policy_bootstrap import policy_tokenizer_folder
 
-    prompts = ["12+3=\n", "7-4+19=\n", "a prompt with spaces\n"]
+    prompts = ["12+3=\n", "7-4+19=\n", "Answer: 12 + 3\n"]
     early = policy_tokenizer_folder("tiny", tmp_path)
     assert ro.tokenize_prompts(early, prompts) == ro.tokenize_prompts(checkpoint, prompts)
     assert ro.model_max_positions(early) == ro.model_max_positions(checkpoint)

@@ -207,7 +207,7 @@ def run_folder(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     shutil.copytree(checkpoint, run / "checkpoints" / "step-0000")
     config = load_config(REPO / "configs" / "tiny-cpu.yaml", ["evaluate.top_p=0.9", "evaluate.seed=5",
                                                               "rollout.cpu_threads=1"]).to_dict()
-    config["curate"]["prompt_template"] = "Q {problem}=\n"
+    config["curate"]["prompt_template"] = "A: {problem}=\n"
     (run / "run.json").write_text(json.dumps({"config": config}))
     return run
 
@@ -223,7 +223,7 @@ def test_ask_applies_the_runs_template_and_prints_each_verdict(run_folder: Path,
     lines = result.stdout.splitlines()
     info = checkpoints.read_info(checkpoint)
     # the run folder means its final checkpoint; its template and evaluate sampling apply
-    assert lines[0] == (f"checkpoint {info.checkpoint_id} (step 0); prompt 'Q 3+4=\\n'; temperature 1.0, top_p 0.9, "
+    assert lines[0] == (f"checkpoint {info.checkpoint_id} (step 0); prompt 'A: 3+4=\\n'; temperature 1.0, top_p 0.9, "
                         "max 24 tokens, seed 5")
     heads = [line for line in lines if line.startswith("sample ")]
     texts = [ast.literal_eval(line.strip()) for line in lines if line.startswith("  ")]
