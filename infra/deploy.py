@@ -99,10 +99,17 @@ def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture |
 
 
 def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterPlan | None, dict[str, Any]]:
-    """``(plan, DAPO_CLUSTER_PLAN dict)`` for a RunConfig; the plan is None for the tiny model."""
+    """``(plan, DAPO_CLUSTER_PLAN dict)`` for a RunConfig; the plan is None for the tiny model (whose pods
+    keep infra/environments.py's defaults). Raises sizing.PlanDoesNotFit (one line, exit 2) before any
+    Flyte import when the run cannot fit the GPUs given."""
     arch = architecture_for(config.bootstrap.source, args.model)
+    head = sizing.rollout_head_request(
+        sequences_per_round=config.run.prompts_per_round * config.rollout.samples_per_prompt,
+        tokens_per_sequence=args.max_prompt_tokens + config.rollout.max_response_tokens,
+    )
     overrides: dict[str, Any] = {"gpus_per_node": args.gpus_per_node, "run_store_pvc": args.run_store_pvc,
-                                 "run_store_mount": args.run_store_mount}
+                                 "run_store_mount": args.run_store_mount, "rollout_head_cpu": str(head.cpus),
+                                 "rollout_head_memory": head.memory}
     if arch is None:
         return None, overrides
     plan = sizing.plan_cluster(
@@ -115,6 +122,7 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         gpu_memory_bytes=int(args.gpu_memory_gb * sizing.GB),
         gpus_per_node=args.gpus_per_node,
         gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        train_gpus=args.train_gpus,
         configured_train_processes=config.train.num_processes,
         configured_rollout_engines=config.rollout.engines,
         configured_tensor_parallel=getattr(config.rollout, "tensor_parallel_size", 1),
@@ -127,6 +135,11 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         rollout_nodes=plan.rollout_nodes,
         train_nproc_per_node=plan.train_nproc_per_node,
         train_nodes=plan.train_nodes,
+        rollout_pod_cpu=str(plan.rollout_pod.cpus),
+        rollout_pod_memory=plan.rollout_pod.memory,
+        rollout_pod_gpus=plan.rollout_pod.gpus,
+        train_pod_cpu=str(plan.train_pod.cpus),
+        train_pod_memory=plan.train_pod.memory,
     )
     return plan, overrides
 
@@ -288,8 +301,17 @@ def _plugin_summary(task_type: str, custom: dict[str, Any]) -> str:
     parts = []
     for group in groups:
         gpus = group.get("rayStartParams", {}).get("num-gpus", "?")
-        parts.append(f"{group.get('groupName')}: {int(group.get('replicas', 0))} pod(s) x {gpus} GPU")
+        requests = _pod_requests(group.get("k8sPod", {}))
+        parts.append(f"{group.get('groupName')}: {int(group.get('replicas', 0))} pod(s) x {gpus} GPU" + (
+            f" (requests {requests})" if requests else ""))
     return "RayJob " + "; ".join(parts)
+
+
+def _pod_requests(k8s_pod: dict[str, Any]) -> str:
+    """``cpu=.., memory=..`` of a plugin pod spec's first container (a Ray worker group's)."""
+    containers = k8s_pod.get("podSpec", {}).get("containers", [])
+    requests = containers[0].get("resources", {}).get("requests", {}) if containers else {}
+    return ", ".join(f"{k}={v}" for k, v in sorted(requests.items()) if k in ("cpu", "memory"))
 
 
 def pickled_interfaces(rows: list[dict[str, Any]]) -> list[str]:
@@ -377,6 +399,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help=f"architecture to size, one of {sorted(KNOWN_ARCHITECTURES)}")
     parser.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of one GPU in GB (default: %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: %(default)s)")
+    parser.add_argument("--train-gpus", type=int, default=0,
+                        help="training GPUs (up to one node, or whole nodes); refused when the run does not fit them "
+                             "(default: the fewest that fit). Rollout GPUs: rollout.engines x tensor_parallel_size")
     parser.add_argument("--max-prompt-tokens", type=int, default=1024,
                         help="longest prompt assumed by the sizing (default: %(default)s)")
     parser.add_argument("--run-store-pvc", default="", help="ReadWriteMany PVC holding the run store, mounted in every pod "

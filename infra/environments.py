@@ -93,8 +93,18 @@ _DEFAULT_PLAN: dict[str, Any] = {
     "rollout_nodes": 1,
     "train_nproc_per_node": 1,
     "train_nodes": 1,  # > 1: a Kubeflow PyTorchJob (PyTorch Elastic) across that many GPU nodes
-    "node_cpu": "64",  # CPU and memory requested by each GPU node's pod
-    "node_memory": "900Gi",
+    # CPU, memory and GPUs requested by each pod: a Ray worker (one per rollout node), a training
+    # pod (one per training node; its GPUs are train_nproc_per_node) and the Ray head (the driver).
+    # The defaults are infra/sizing.py's pods for the tiny policy (one GPU, a model too small to
+    # count), which tests/unit/test_sizing.py checks; not imported from there, so that the stages'
+    # cache versions (the import closure, infra/versioning.py) do not follow the deploy-time sizing.
+    "rollout_pod_cpu": "8",
+    "rollout_pod_memory": "10Gi",
+    "rollout_pod_gpus": 1,
+    "train_pod_cpu": "8",
+    "train_pod_memory": "10Gi",
+    "rollout_head_cpu": "8",
+    "rollout_head_memory": "8Gi",
     "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none: object store)
     "run_store_mount": "/runs",
     "rollout_idle_ttl_s": 1800,  # keep the Ray cluster (and its warm engines) this long between steps
@@ -141,10 +151,11 @@ def run_store_pod_template(pvc_name: str, mount_path: str, container_name: str =
 
 
 def ray_job_config(plan: dict[str, Any]) -> Any:
-    """The RayJob of the rollout stage: a CPU head, one worker pod per GPU node (KubeRay)."""
+    """The RayJob of the rollout stage: a CPU head, one worker pod per rollout node (KubeRay), each
+    holding ``rollout_pod_gpus`` GPUs (whole engines: engines per node x tensor parallel)."""
     from flyteplugins.ray import HeadNodeConfig, RayJobConfig, WorkerNodeConfig
 
-    gpus = int(plan["gpus_per_node"])
+    gpus = int(plan["rollout_pod_gpus"])
     template = (
         (lambda name: run_store_pod_template(plan["run_store_pvc"], plan["run_store_mount"], name))
         if plan["run_store_pvc"] else (lambda name: None)
@@ -152,7 +163,7 @@ def ray_job_config(plan: dict[str, Any]) -> Any:
     return RayJobConfig(
         head_node_config=HeadNodeConfig(
             ray_start_params={"num-gpus": "0"},  # the driver schedules engines; it holds no GPU
-            requests=flyte.Resources(cpu="8", memory="64Gi"),
+            requests=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
             pod_template=template("ray-head"),
         ),
         worker_node_config=[
@@ -160,7 +171,7 @@ def ray_job_config(plan: dict[str, Any]) -> Any:
                 group_name="vllm-engines",
                 replicas=int(plan["rollout_nodes"]),
                 ray_start_params={"num-gpus": str(gpus)},
-                requests=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=gpus),
+                requests=flyte.Resources(cpu=plan["rollout_pod_cpu"], memory=plan["rollout_pod_memory"], gpu=gpus),
                 pod_template=template("ray-worker"),
             )
         ],
@@ -205,7 +216,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             include=BUNDLED_FILES,
             image=rollout_image,
             # The task itself is the Ray driver (on the head); engines are actors on the workers.
-            resources=flyte.Resources(cpu="8", memory="64Gi"),
+            resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
             env_vars=env_vars,
             plugin_config=ray_job_config(plan),
             # One shared Ray cluster kept between calls: engines stay warm across steps and rounds.
@@ -221,7 +232,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             include=BUNDLED_FILES,
             image=train_image,
             # Per node (pod): the elastic agent starts nproc ranks in each of `nodes` pods.
-            resources=flyte.Resources(cpu=plan["node_cpu"], memory=plan["node_memory"], gpu=nproc, shm="auto"),
+            resources=flyte.Resources(cpu=plan["train_pod_cpu"], memory=plan["train_pod_memory"], gpu=nproc, shm="auto"),
             env_vars=env_vars,
             pod_template=cpu_template,
             plugin_config=train_elastic_config(nodes, nproc),

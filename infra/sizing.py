@@ -21,6 +21,19 @@ Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
   bytes (bf16 logits, their fp32 log-softmax and its fp32 gradient). At 20480 tokens the logits
   dominate; with ``train.logprob_chunk_tokens`` = C (dapo_core/logprobs.py: the head runs C
   positions at a time and recomputes them in backward) only C positions' logits exist at once.
+
+Host memory of a GPU pod (what its Kubernetes request asks for; GiB, rounded up), per GPU process
+a runtime allowance (CUDA context, torch/vLLM imports, NCCL and pinned buffers) plus:
+
+- a training rank: the larger of its fp32 parameter load (engines/train_engine.load_policy: the
+  whole model under ZeRO-1/2, 1/world under ZeRO-3's zero.Init) and its training-state shard
+  (staged through host memory when a checkpoint is saved or resumed); the pod also holds one bf16
+  copy of the weights for the HF export (engines/train_checkpoint.py);
+- a vLLM engine's GPU: its weight shard, read through host memory at load.
+
+CPUs: a fixed number per GPU. A plan that cannot fit (training per GPU above the usable memory at
+the GPU count given, or an engine that cannot hold its weights and one group's KV cache) raises
+PlanDoesNotFit: one line naming the biggest term and the setting that fixes it.
 """
 
 from __future__ import annotations
@@ -29,7 +42,16 @@ import math
 from dataclasses import dataclass
 
 GB = 10**9  # decimal gigabyte: GPU vendors' "80 GB" is ~80e9 usable bytes (H100 SXM: 81,559 MiB)
+GIB = 2**30  # Kubernetes' "Gi", the unit of pod memory requests
 BF16_BYTES = 2
+FP32_BYTES = 4
+CPUS_PER_GPU = 8  # data loading, tokenisation, NCCL and the runtime's threads of one GPU process
+HOST_BYTES_PER_GPU_PROCESS = 6 * GIB  # CUDA context, torch/vLLM imports, NCCL and pinned buffers
+HOST_BYTES_PER_POD = 4 * GIB  # the pod's own agent (Flyte, Ray or the elastic launcher)
+
+
+class PlanDoesNotFit(ValueError):
+    """The resources given cannot hold the run; the message is one line: the need, its biggest term, the fix."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +200,84 @@ def train_bytes_per_gpu(
 
 
 @dataclass(frozen=True)
+class MemoryTerm:
+    """One named part of a per-GPU memory need, and the setting that shrinks it (for refusals)."""
+
+    name: str
+    bytes: int
+    knob: str
+
+
+def training_terms(
+    arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int,
+    logprob_chunk_tokens: int = 0,
+) -> tuple[MemoryTerm, ...]:
+    """The parts of ``train_bytes_per_gpu``: each state partitioned as its ZeRO stage does, the activations."""
+    more_gpus = "raise --train-gpus" + ("" if zero_stage == 3 else " or use train.zero_stage=3")
+    shard = lambda per_param, partitioned: math.ceil(params * per_param / gpus) if partitioned else params * per_param  # noqa: E731
+    acts = activation_bytes(arch, tokens_per_micro_batch, logprob_chunk_tokens=logprob_chunk_tokens)
+    shorter = "lower rollout.max_response_tokens (the micro-batch is already 1 sample)"
+    terms = [
+        MemoryTerm("weights", shard(BF16_BYTES, zero_stage == 3), more_gpus),
+        MemoryTerm("gradients", shard(4, zero_stage >= 2), more_gpus),
+        MemoryTerm("optimizer state", shard(12, True), more_gpus),
+        MemoryTerm("activations: logits", acts.logits,
+                   "lower train.logprob_chunk_tokens" if logprob_chunk_tokens else "set train.logprob_chunk_tokens=4096"),
+        MemoryTerm("activations: layer inputs", acts.checkpoints, shorter),
+        MemoryTerm("activations: one layer recomputed", acts.layer_working_set, shorter),
+    ]
+    if zero_stage == 3:
+        terms.append(MemoryTerm("ZeRO-3 gather buffer", zero3_gather_bytes(arch, params), more_gpus))
+    return tuple(terms)
+
+
+def refusal(stage: str, terms: tuple[MemoryTerm, ...], *, gpus: str, gpu_memory_bytes: int, usable_bytes: float,
+            usable_note: str = "") -> PlanDoesNotFit:
+    """The one-line refusal: what ``stage`` needs per GPU, its biggest term, and that term's knob."""
+    biggest = max(terms, key=lambda t: t.bytes)
+    need = sum(t.bytes for t in terms)
+    return PlanDoesNotFit(
+        f"{stage} needs {need / GB:.1f} GB per GPU at {gpus} ({biggest.name} {biggest.bytes / GB:.1f} GB) on "
+        f"{gpu_memory_bytes / GB:.0f} GB GPUs, {usable_bytes / GB:.1f} GB usable{usable_note}: {biggest.knob}"
+    )
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """What one Kubernetes pod of a stage asks for: CPUs, host memory (whole GiB) and GPUs."""
+
+    cpus: int
+    memory_gib: int
+    gpus: int
+
+    @property
+    def memory(self) -> str:
+        """The memory request as Kubernetes writes it."""
+        return f"{self.memory_gib}Gi"
+
+
+def pod_request(*, gpus: int, host_bytes_per_gpu: int, host_bytes_per_pod: int = 0) -> PodRequest:
+    """A pod of ``gpus`` GPU processes each holding ``host_bytes_per_gpu`` on the host (see module doc)."""
+    memory = HOST_BYTES_PER_POD + host_bytes_per_pod + gpus * (HOST_BYTES_PER_GPU_PROCESS + host_bytes_per_gpu)
+    return PodRequest(cpus=CPUS_PER_GPU * gpus, memory_gib=math.ceil(memory / GIB), gpus=gpus)
+
+
+def rollout_head_request(*, sequences_per_round: int, tokens_per_sequence: int) -> PodRequest:
+    """The Ray head, where the rollout task drives the engines: it receives a whole round's token ids and
+    log-probs (4 + 4 bytes a token), once in Ray's object store (capped at 30% of the pod's memory) and
+    once in the driver's heap; plus a fixed allowance for Ray's head services and the driver."""
+    round_bytes = sequences_per_round * tokens_per_sequence * 8
+    memory = 2 * HOST_BYTES_PER_POD + math.ceil(round_bytes / 0.3) + round_bytes
+    return PodRequest(cpus=CPUS_PER_GPU, memory_gib=math.ceil(memory / GIB), gpus=0)
+
+
+def train_host_bytes_per_rank(params: int, zero_stage: int, gpus: int) -> int:
+    """Host bytes of one training rank: the larger of its fp32 load and its training-state shard."""
+    load = params * FP32_BYTES if zero_stage < 3 else math.ceil(params * FP32_BYTES / gpus)
+    return max(load, training_state_bytes_per_gpu(params, zero_stage, gpus))
+
+
+@dataclass(frozen=True)
 class EngineMemory:
     """Memory of one vLLM engine spread over ``tensor_parallel`` GPUs (bytes)."""
 
@@ -221,13 +321,19 @@ def choose_tensor_parallel(
     gpu_memory_bytes: int,
     gpu_memory_utilization: float,
     gpus_per_node: int,
+    at_least: int = 1,
 ) -> EngineMemory:
-    """The smallest tensor-parallel size whose engine holds ``min_sequences`` full-length sequences.
+    """The smallest tensor-parallel size, ``at_least`` (rollout.tensor_parallel_size) or more, whose engine
+    holds ``min_sequences`` full-length sequences (one group: eq. 9's G, generated together).
 
     Candidates are the divisors of the KV-head count up to ``gpus_per_node`` (an engine stays in
-    one node). Raises ValueError when even the largest does not fit.
+    one node). Raises PlanDoesNotFit when even the largest does not fit.
     """
     candidates = [tp for tp in range(1, gpus_per_node + 1) if arch.kv_heads % tp == 0]
+    if at_least not in candidates:
+        raise ValueError(f"rollout.tensor_parallel_size={at_least}: must divide {arch.name}'s {arch.kv_heads} KV heads "
+                         f"and be at most --gpus-per-node {gpus_per_node}")
+    candidates = [tp for tp in candidates if tp >= at_least]
     for tp in candidates:
         memory = engine_memory(
             arch, params, tp, tokens_per_sequence=tokens_per_sequence, gpu_memory_bytes=gpu_memory_bytes,
@@ -235,10 +341,18 @@ def choose_tensor_parallel(
         )
         if memory.full_length_sequences >= min_sequences:
             return memory
-    raise ValueError(
-        f"{arch.name}: no tensor-parallel size <= {gpus_per_node} holds {min_sequences} sequences of "
-        f"{tokens_per_sequence} tokens on {gpu_memory_bytes / GB:.0f} GB GPUs"
+    tp = candidates[-1]
+    wider = f"raise rollout.tensor_parallel_size (at most --gpus-per-node {gpus_per_node}, a divisor of {arch.kv_heads})"
+    terms = (
+        MemoryTerm("weights", math.ceil(weight_bytes(params) / tp), wider),
+        MemoryTerm(f"KV cache of {min_sequences} x {tokens_per_sequence} tokens",
+                   math.ceil(min_sequences * kv_cache_bytes_per_sequence(arch, tokens_per_sequence) / tp),
+                   "lower rollout.max_response_tokens or rollout.samples_per_prompt, or " + wider),
+        MemoryTerm("workspace", 3 * GB, "raise rollout.gpu_memory_utilization"),
     )
+    raise refusal("rollout", terms, gpus=f"tensor_parallel {tp}", gpu_memory_bytes=gpu_memory_bytes,
+                  usable_bytes=gpu_memory_bytes * gpu_memory_utilization,
+                  usable_note=f" (gpu_memory_utilization {gpu_memory_utilization})")
 
 
 def choose_train_gpus(
@@ -252,20 +366,27 @@ def choose_train_gpus(
     gpus_per_node: int,
     max_nodes: int = 64,
     logprob_chunk_tokens: int = 0,
+    train_gpus: int = 0,
 ) -> int:
-    """The fewest GPUs (whole nodes once past one node) whose per-GPU training memory fits.
+    """The fewest GPUs (whole nodes once past one node) whose per-GPU training memory fits; with
+    ``train_gpus`` > 0 (``dapo deploy --train-gpus``) that count only. Raises PlanDoesNotFit.
 
     ``usable_fraction`` leaves room for the allocator's fragmentation and NCCL buffers.
     """
     limit = gpu_memory_bytes * usable_fraction
-    candidates = [g for g in (1, 2, 4) if g < gpus_per_node] + [gpus_per_node * n for n in range(1, max_nodes + 1)]
+    if train_gpus:
+        if train_gpus > gpus_per_node and train_gpus % gpus_per_node:
+            raise ValueError(f"--train-gpus {train_gpus}: past one node, training takes whole nodes of "
+                             f"--gpus-per-node {gpus_per_node} GPUs")
+        candidates = [train_gpus]
+    else:
+        candidates = [g for g in (1, 2, 4) if g < gpus_per_node] + [gpus_per_node * n for n in range(1, max_nodes + 1)]
     for gpus in candidates:
         if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch, logprob_chunk_tokens) <= limit:
             return gpus
-    raise ValueError(
-        f"{arch.name}: ZeRO-{zero_stage} training with {tokens_per_micro_batch} tokens per micro-batch does not "
-        f"fit {max_nodes} nodes of {gpus_per_node} x {gpu_memory_bytes / GB:.0f} GB GPUs"
-    )
+    terms = training_terms(arch, params, zero_stage, candidates[-1], tokens_per_micro_batch, logprob_chunk_tokens)
+    raise refusal("training", terms, gpus=f"{candidates[-1]} GPU(s), ZeRO-{zero_stage}",
+                  gpu_memory_bytes=gpu_memory_bytes, usable_bytes=limit)
 
 
 @dataclass(frozen=True)
@@ -302,6 +423,9 @@ class ClusterPlan:
     configured_tensor_parallel: int
     logprob_chunk_tokens: int = 0  # train.logprob_chunk_tokens the activations were sized with (0 = whole sequence)
     configured_activation_checkpointing: bool | None = None  # train.activation_checkpointing (None = not given)
+    # what each pod asks of Kubernetes (rollout: one Ray worker per node; training: one elastic pod per node)
+    rollout_pod: PodRequest = PodRequest(cpus=0, memory_gib=0, gpus=0)
+    train_pod: PodRequest = PodRequest(cpus=0, memory_gib=0, gpus=0)
 
     def warnings(self) -> list[str]:
         """Where the run config disagrees with the plan (printed by ``dapo deploy``)."""
@@ -318,11 +442,6 @@ class ClusterPlan:
                 f"rollout.tensor_parallel_size={self.configured_tensor_parallel} but a {self.tokens_per_sequence}-token "
                 f"group needs {self.rollout_tensor_parallel} GPUs per engine (set --set rollout.tensor_parallel_size="
                 f"{self.rollout_tensor_parallel})"
-            )
-        if self.configured_rollout_engines and self.configured_rollout_engines * self.rollout_tensor_parallel > self.rollout_gpus:
-            out.append(
-                f"rollout.engines={self.configured_rollout_engines} x tensor_parallel {self.rollout_tensor_parallel} "
-                f"exceeds the planned {self.rollout_gpus} rollout GPUs"
             )
         if self.configured_train_processes and self.configured_train_processes < self.train_gpus:
             out.append(
@@ -349,44 +468,40 @@ def plan_cluster(
     gpu_memory_utilization: float = 0.85,
     usable_fraction: float = 0.9,
     rollout_gpus: int = 0,
+    train_gpus: int = 0,
     configured_train_processes: int = 0,
     configured_rollout_engines: int = 0,
     configured_tensor_parallel: int = 0,
     logprob_chunk_tokens: int = 0,
     configured_activation_checkpointing: bool | None = None,
 ) -> ClusterPlan:
-    """GPUs per stage for a run: engines x tensor parallel for rollout, nodes x GPUs for training.
+    """GPUs per stage for a run, each sized apart: engines x tensor parallel for rollout, nodes x GPUs
+    for training, and the pod requests of both. Raises PlanDoesNotFit (one line) when either cannot fit.
 
-    An engine must hold one whole group (``samples_per_prompt`` sequences, eq. 9's G) at the full
-    length at once. Rollout and training run one after the other (the driver's loop), so by
-    default rollout gets as many GPUs as training (``rollout_gpus`` = 0).
+    Training: ``train_gpus`` (``dapo deploy --train-gpus``) when given, else the fewest that fit.
+    Rollout: an engine must hold one whole group (``samples_per_prompt`` sequences, eq. 9's G) at
+    the full length at once, so its tensor parallel is the configured one or the smallest larger
+    one that does; ``configured_rollout_engines`` (rollout.engines) engines when given, else
+    ``rollout_gpus`` worth, else as many GPUs as training (the stages run one after the other).
     """
     params = parameter_count(arch)
     tokens = max_prompt_tokens + max_response_tokens
+    # Training first: its refusal names the usual fix (more GPUs, ZeRO-3) before the engine's.
+    train_gpus, micro = _plan_training(
+        arch, params, zero_stage=zero_stage, micro_batch_samples=micro_batch_samples, tokens=tokens,
+        gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
+        logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus,
+    )
+    mb_tokens = micro * tokens
     engine = choose_tensor_parallel(
         arch, params, min_sequences=samples_per_prompt, tokens_per_sequence=tokens,
         gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=gpu_memory_utilization,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=gpus_per_node, at_least=max(1, configured_tensor_parallel),
     )
-    # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
-    # does not fit one GPU at any GPU count falls back to one sample per micro-batch (the loss is
-    # the same: micro-batches only split the memory, engines/train_step.py).
-    micro = micro_batch_samples
-    while True:
-        mb_tokens = micro * tokens
-        try:
-            train_gpus = choose_train_gpus(
-                arch, params, zero_stage=zero_stage, tokens_per_micro_batch=mb_tokens,
-                gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
-                logprob_chunk_tokens=logprob_chunk_tokens,
-            )
-            break
-        except ValueError:
-            if micro == 1:
-                raise
-            micro = 1
-    r_gpus = rollout_gpus or max(train_gpus, engine.tensor_parallel)
-    r_gpus -= r_gpus % engine.tensor_parallel
+    tp = engine.tensor_parallel
+    engines = configured_rollout_engines or max(1, (rollout_gpus or max(train_gpus, tp)) // tp)
+    engines_per_node = gpus_per_node // tp
+    train_per_node = min(train_gpus, gpus_per_node)
     state = training_state_bytes_per_gpu(params, zero_stage, train_gpus)
     acts = activation_bytes(arch, mb_tokens, logprob_chunk_tokens=logprob_chunk_tokens).total
     return ClusterPlan(
@@ -395,10 +510,10 @@ def plan_cluster(
         gpu_memory_bytes=gpu_memory_bytes,
         gpus_per_node=gpus_per_node,
         tokens_per_sequence=tokens,
-        rollout_tensor_parallel=engine.tensor_parallel,
-        rollout_engines=r_gpus // engine.tensor_parallel,
-        rollout_gpus=r_gpus,
-        rollout_nodes=math.ceil(r_gpus / gpus_per_node),
+        rollout_tensor_parallel=tp,
+        rollout_engines=engines,
+        rollout_gpus=engines * tp,
+        rollout_nodes=math.ceil(engines / engines_per_node),
         rollout_weights_per_gpu=engine.weights_per_gpu,
         rollout_kv_per_sequence=engine.kv_per_sequence,
         rollout_sequences_per_engine=engine.full_length_sequences,
@@ -407,7 +522,7 @@ def plan_cluster(
         tokens_per_micro_batch=mb_tokens,
         train_gpus=train_gpus,
         train_nodes=math.ceil(train_gpus / gpus_per_node),
-        train_nproc_per_node=min(train_gpus, gpus_per_node),
+        train_nproc_per_node=train_per_node,
         train_state_per_gpu=state,
         train_activations_per_gpu=acts,
         train_total_per_gpu=train_bytes_per_gpu(arch, params, zero_stage, train_gpus, mb_tokens, logprob_chunk_tokens),
@@ -417,7 +532,32 @@ def plan_cluster(
         configured_tensor_parallel=configured_tensor_parallel,
         logprob_chunk_tokens=logprob_chunk_tokens,
         configured_activation_checkpointing=configured_activation_checkpointing,
+        rollout_pod=pod_request(gpus=min(engines, engines_per_node) * tp, host_bytes_per_gpu=engine.weights_per_gpu),
+        train_pod=pod_request(gpus=train_per_node, host_bytes_per_gpu=train_host_bytes_per_rank(params, zero_stage, train_gpus),
+                              host_bytes_per_pod=weight_bytes(params)),
     )
+
+
+def _plan_training(
+    arch: ModelArchitecture, params: int, *, zero_stage: int, micro_batch_samples: int, tokens: int,
+    gpu_memory_bytes: int, usable_fraction: float, gpus_per_node: int, logprob_chunk_tokens: int, train_gpus: int,
+) -> tuple[int, int]:
+    """``(training GPUs, samples per micro-batch)``: the configured micro-batch, else one sample."""
+    # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
+    # does not fit one GPU at any GPU count falls back to one sample per micro-batch (the loss is
+    # the same: micro-batches only split the memory, engines/train_step.py).
+    for micro in dict.fromkeys((micro_batch_samples, 1)):
+        try:
+            gpus = choose_train_gpus(
+                arch, params, zero_stage=zero_stage, tokens_per_micro_batch=micro * tokens,
+                gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
+                logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus,
+            )
+            return gpus, micro
+        except PlanDoesNotFit:
+            if micro == 1:
+                raise
+    raise AssertionError("unreachable: the loop ends with micro = 1")
 
 
 # ----------------------------------------------------------------------------- tables
@@ -500,6 +640,10 @@ def sizing_tables_markdown(
     return "\n".join(lines) + "\n"
 
 
+def _pod(pod: PodRequest) -> str:
+    return f"(cpu {pod.cpus}, memory {pod.memory}, gpu {pod.gpus})"
+
+
 def format_plan(plan: ClusterPlan) -> str:
     """The resolved resources, one line per stage (printed by ``dapo deploy --config``)."""
     gpu = f"{plan.gpu_memory_bytes / GB:.0f} GB GPUs"
@@ -514,6 +658,8 @@ def format_plan(plan: ClusterPlan) -> str:
         f"activations ({plan.tokens_per_micro_batch} tokens/micro-batch"
         + (f", log-probs in chunks of {plan.logprob_chunk_tokens}" if plan.logprob_chunk_tokens else "")
         + f") = {_gb(plan.train_total_per_gpu)} GB",
+        f"  pods    : rollout {plan.rollout_nodes} x {_pod(plan.rollout_pod)}; train {plan.train_nodes} x "
+        f"{_pod(plan.train_pod)} (host memory from the plan: infra/sizing.py)",
         "  cpu     : curate, score/filter, batch assembly, driver (no GPU)",
     ]
     lines += [f"  warning : {w}" for w in plan.warnings()]

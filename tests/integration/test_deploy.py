@@ -57,11 +57,14 @@ def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     tasks = {row["task"]: row for row in payload["tasks"]}
     # rollout and evaluate are RayJobs: 2 worker pods of 8 GPUs (4 engines x tensor parallel 4)
     assert tasks["dapo-rollout.rollout"]["type"] == "ray"
-    assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 2 pod(s) x 8 GPU"
+    # each worker pod asks for what the plan computes (8 CPUs per GPU, host memory for 8 weight shards),
+    # not a fixed 64 CPUs / 900Gi (infra/sizing.pod_request)
+    assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 2 pod(s) x 8 GPU (requests cpu=64, memory=175Gi)"
     # training: a PyTorchJob of 2 nodes x 8 GPUs (16 ranks: ZeRO-3 with chunked log-probs), each
     # rank running the task body
     assert tasks["dapo-train.train"]["type"] == "pytorch"
     assert tasks["dapo-train.train"]["resources"]["gpu"] == "8"  # per node
+    assert tasks["dapo-train.train"]["resources"]["memory"] == payload["cluster_plan_env"]["train_pod_memory"]
     assert tasks["dapo-train.train"]["plugin"].startswith("PyTorchJob (Elastic): 2 node(s) x 8 rank(s)")
     assert payload["plan"]["train_gpus"] == 16 and payload["plan"]["zero_stage"] == 3
     assert payload["cluster_plan_env"]["run_store_pvc"] == "dapo-runs"

@@ -115,3 +115,118 @@ def test_cluster_doc_holds_the_computed_table() -> None:
     assert sizing.sizing_tables_markdown(QWEN2_5_32B) in doc.read_text(), (
         "docs/CLUSTER.md is stale: regenerate its sizing section with `dapo deploy --sizing`"
     )
+
+
+# ----------------------------------------------------------------------------- issue 49: pods, engines, refusals
+
+MODEL_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "data" / "model_configs"
+
+
+def _arch(name: str) -> sizing.ModelArchitecture:
+    from infra import model_shape
+
+    return model_shape.load_architecture(MODEL_CONFIGS / name)
+
+
+def _paper_plan(arch: sizing.ModelArchitecture, **kwargs: object) -> sizing.ClusterPlan:
+    settings: dict[str, object] = dict(zero_stage=3, micro_batch_samples=1, max_prompt_tokens=1024,
+                                       max_response_tokens=20480, samples_per_prompt=16, logprob_chunk_tokens=4096)
+    settings.update(kwargs)
+    return sizing.plan_cluster(arch, **settings)  # type: ignore[arg-type]
+
+
+def test_pod_requests_come_from_the_plan() -> None:
+    # Before: no pod requests in the plan (every GPU pod asked for 64 CPUs and 900Gi, infra/environments.py).
+    small = _paper_plan(_arch("Qwen2.5-0.5B"))
+    assert small.train_gpus == 1 and small.train_pod.gpus == 1 and small.rollout_pod.gpus == 1
+    assert small.train_pod.cpus <= 8 and small.train_pod.memory_gib <= 32
+    assert small.rollout_pod.cpus <= 8 and small.rollout_pod.memory_gib <= 32
+    paper = _paper_plan(QWEN2_5_32B)
+    # 32B, ZeRO-3 on 16 GPUs (2 pods of 8 ranks): per rank max(fp32 load shard 8.2 GB, state shard 36.9 GB)
+    # + 6 GiB runtime; + one bf16 export copy 65.5 GB + 4 GiB pod base: 8 x (36.9 + 6.4) + 65.5 + 4.3 = 416 GB
+    assert paper.train_pod.gpus == 8 and paper.train_pod.cpus == 64
+    expected = 4 * 2**30 + 8 * (6 * 2**30 + sizing.training_state_bytes_per_gpu(paper.params, 3, 16)) + 2 * paper.params
+    assert paper.train_pod.memory_gib == -(-expected // 2**30)
+    # rollout pods: 8 GPUs (2 engines x TP 4) each holding a 16.4 GB weight shard read through host memory
+    assert paper.rollout_pod.gpus == 8 and paper.rollout_pod.memory_gib > small.rollout_pod.memory_gib
+
+
+def test_tiny_pod_request_is_small() -> None:
+    tiny = sizing.pod_request(gpus=1, host_bytes_per_gpu=0)
+    assert tiny.cpus <= 8 and tiny.memory_gib <= 32 and tiny.memory == f"{tiny.memory_gib}Gi"
+
+
+def test_configured_engines_size_the_rollout_apart_from_training() -> None:
+    # Before: rollout GPUs = training GPUs whatever rollout.engines says (only a warning).
+    arch = _arch("Qwen2.5-7B")
+    planned = _paper_plan(arch)
+    plan = _paper_plan(arch, configured_rollout_engines=8, configured_tensor_parallel=1)
+    assert plan.rollout_tensor_parallel == 1 and plan.rollout_engines == 8 and plan.rollout_gpus == 8
+    assert plan.train_gpus == planned.train_gpus  # training as planned
+    assert plan.rollout_nodes == 1 and plan.rollout_pod.gpus == 8
+    # a larger tensor parallel than the memory needs is honoured too: engines x TP GPUs
+    wide = _paper_plan(QWEN2_5_32B, configured_rollout_engines=3, configured_tensor_parallel=8)
+    assert (wide.rollout_tensor_parallel, wide.rollout_gpus, wide.rollout_nodes, wide.rollout_pod.gpus) == (8, 24, 3, 8)
+    assert not any("rollout.engines" in w for w in wide.warnings())
+
+
+def test_engines_fill_whole_nodes_of_equal_pods() -> None:
+    # 3 engines of TP 4 on nodes of 8: 2 engines per node -> 2 pods of 8 GPUs (one engine slot idle)
+    plan = _paper_plan(QWEN2_5_32B, configured_rollout_engines=3, configured_tensor_parallel=4)
+    assert (plan.rollout_gpus, plan.rollout_nodes, plan.rollout_pod.gpus) == (12, 2, 8)
+
+
+def test_training_that_cannot_fit_is_refused_naming_the_biggest_term() -> None:
+    # Before: plan_cluster took no training GPU count; it planned the fewest GPUs that fit.
+    # 32B on one 80 GB GPU, ZeRO-1: weights 65.5 + gradients 131.1 + optimizer state 393.2 GB + activations
+    with pytest.raises(sizing.PlanDoesNotFit) as err:
+        _paper_plan(QWEN2_5_32B, zero_stage=1, train_gpus=1, gpus_per_node=1)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("training needs ") and "(optimizer state 393.2 GB)" in message
+    assert "on 80 GB GPUs" in message and "train.zero_stage=3" in message and "--train-gpus" in message
+    # at ZeRO-3 the knob is more GPUs only
+    with pytest.raises(sizing.PlanDoesNotFit, match=r"optimizer state 393.2 GB\).*raise --train-gpus"):
+        _paper_plan(QWEN2_5_32B, train_gpus=1, gpus_per_node=1)
+
+
+def test_unchunked_logits_name_the_chunk_knob() -> None:
+    with pytest.raises(sizing.PlanDoesNotFit, match=r"activations: logits .*train.logprob_chunk_tokens"):
+        _paper_plan(QWEN2_5_32B, train_gpus=16, logprob_chunk_tokens=0)  # logits 32.7 GB > optimizer 24.6 GB
+
+
+def test_an_engine_that_cannot_hold_its_weights_and_a_group_is_refused() -> None:
+    # One GPU per node: 32B weights 65.5 GB + a group's KV cache 16 x 21504 x 262,144 B = 90.2 GB + 3 GB
+    # workspace = 158.7 GB > 0.85 x 80 GB; the KV cache is the biggest term
+    with pytest.raises(sizing.PlanDoesNotFit) as err:
+        _paper_plan(QWEN2_5_32B, train_gpus=16, gpus_per_node=1)
+    message = str(err.value)
+    assert message.startswith("rollout needs 158.7 GB per GPU at tensor_parallel 1 (KV cache of 16 x 21504 tokens 90.2 GB)")
+    assert "rollout.samples_per_prompt" in message and "\n" not in message
+    # a group of 2 short sequences: the weights are the biggest term, and the knob is a wider engine
+    with pytest.raises(sizing.PlanDoesNotFit, match=r"\(weights 65.5 GB\).*raise rollout.tensor_parallel_size"):
+        _paper_plan(QWEN2_5_32B, train_gpus=16, gpus_per_node=1, samples_per_prompt=2, max_response_tokens=1024)
+
+
+def test_an_explicit_training_gpu_count_that_fits_is_kept() -> None:
+    plan = _paper_plan(QWEN2_5_32B, train_gpus=32)
+    assert plan.train_gpus == 32 and plan.train_nodes == 4
+    with pytest.raises(ValueError, match="--train-gpus 12"):
+        _paper_plan(QWEN2_5_32B, train_gpus=12)
+
+
+def test_the_default_cluster_plan_holds_the_tiny_pods() -> None:
+    # infra/environments.py types the default plan's pods (importing sizing would tie every stage's
+    # cache version to it); they must be what sizing computes for one GPU and a negligible model.
+    import ast
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "infra" / "environments.py").read_text()
+    assign = next(node for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_DEFAULT_PLAN")
+    plan = ast.literal_eval(assign.value)
+    pod = sizing.pod_request(gpus=1, host_bytes_per_gpu=0)
+    head = sizing.rollout_head_request(sequences_per_round=0, tokens_per_sequence=0)
+    assert (plan["rollout_pod_cpu"], plan["rollout_pod_memory"], plan["rollout_pod_gpus"]) == (str(pod.cpus), pod.memory, 1)
+    assert (plan["train_pod_cpu"], plan["train_pod_memory"]) == (str(pod.cpus), pod.memory)
+    assert (plan["rollout_head_cpu"], plan["rollout_head_memory"]) == (str(head.cpus), head.memory)
