@@ -1,11 +1,16 @@
 # The two commands a new user runs (see README): `make run` and `make test`.
-.PHONY: setup run test test-fast bench
+.PHONY: setup setup-gpu run test test-fast bench
 
 CONFIG ?= configs/tiny-cpu.yaml
 PYTEST_ARGS ?=
 
 setup:
 	scripts/setup.sh
+
+# A GPU machine: the CUDA builds of the same lock (the cluster images' packages and versions) into .venv;
+# `make run` and `make test` then keep that build. `scripts/setup.sh --gpu --print` lists the commands.
+setup-gpu:
+	scripts/setup.sh --gpu
 
 run: setup
 	.venv/bin/dapo run --config $(CONFIG)

@@ -84,16 +84,16 @@ def architecture_for(source: str, model: str = "") -> sizing.ModelArchitecture |
         return KNOWN_ARCHITECTURES[model.lower()]
     if source == "tiny" or source.startswith(SHIPPED_PREFIX):
         return None
-    if (Path(source) / model_shape.CONFIG_FILE).is_file():  # a local model folder: its own shape
-        try:
+    try:
+        if model_shape.has_config(source):  # a model folder, local or in an object store: its own shape
             return model_shape.load_architecture(source)
-        except ValueError as err:
-            raise DeployInputError(f"bootstrap.source: {err}") from err
+    except ValueError as err:
+        raise DeployInputError(f"bootstrap.source: {err}") from err
     for name, arch in KNOWN_ARCHITECTURES.items():
         if name in source.lower():
             return arch
     raise DeployInputError(
-        f"bootstrap.source {source!r}: no {model_shape.CONFIG_FILE} there and no known architecture in its name; "
+        f"bootstrap.source {source!r}: no {model_shape.config_location(source)} and no known architecture in its name; "
         f"point it at a model folder or pass --model one of {sorted(KNOWN_ARCHITECTURES)}"
     )
 

@@ -1,7 +1,9 @@
 """A Hugging Face causal LM's config.json read into the sizing record (infra/sizing.ModelArchitecture).
 
-Only the config is read (a few kilobytes): planning needs the shape, never the weights. Stdlib only.
-Per-family details that the generic fields do not say:
+Only the config is read (a few kilobytes): planning needs the shape, never the weights. The folder is
+a local path or an object-store URI (``s3://bucket/path/model``: the one object ``config.json`` is read
+through storage/run_store.py, nothing is fetched into the mirror). Per-family details that the generic
+fields do not say:
 
 - Qwen2 / Qwen2.5: q, k and v projections carry biases (fixed by the architecture, not a field).
 - Qwen3: no q/k/v biases, but an RMSNorm over each query and key head (``head_dim`` weights each).
@@ -52,9 +54,44 @@ def architecture_from_config(config: dict[str, Any], name: str) -> ModelArchitec
     )
 
 
+def config_location(folder: str | Path) -> str:
+    """``<folder>/config.json``: a path, or a URI joined as the run store joins them (never ``s3:/``)."""
+    from storage import run_store
+
+    return run_store.join(str(folder), CONFIG_FILE)
+
+
+def has_config(folder: str | Path) -> bool:
+    """Whether ``folder`` (a path or an object-store URI) holds a config.json; a store that cannot be
+    asked (endpoint, credentials) is a ValueError naming the URI."""
+    from storage import run_store
+
+    location = config_location(folder)
+    try:
+        return run_store.exists(location) and (run_store.is_remote(location) or Path(location).is_file())
+    except Exception as err:  # the store's client raises its own types (obstore, botocore), not OSError alone
+        raise _unreadable(location, err) from err
+
+
+def _unreadable(location: str, err: Exception) -> ValueError:
+    """One line naming ``location`` and the store's error (obstore appends a many-line debug dump)."""
+    first_line = next(iter(str(err).splitlines()), "")
+    return ValueError(f"{location}: cannot read the object store ({type(err).__name__}: {first_line})")
+
+
 def load_architecture(folder: str | Path) -> ModelArchitecture:
-    """Read ``<folder>/config.json`` (a local model folder) into the shape record."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise ValueError(f"{path}: no {CONFIG_FILE} there; pass a model folder that has one")
-    return architecture_from_config(json.loads(path.read_text()), name=Path(folder).name)
+    """Read ``<folder>/config.json`` (a local model folder or an object-store folder URI) into the shape record."""
+    from storage import run_store
+
+    location = config_location(folder)
+    if not has_config(folder):
+        raise ValueError(f"{location}: no {CONFIG_FILE} there; pass a model folder that has one")
+    try:
+        text = run_store.read_text(location)
+    except Exception as err:  # as in has_config
+        raise _unreadable(location, err) from err
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{location}: not JSON ({err})") from err
+    return architecture_from_config(config, name=str(folder).rstrip("/").rsplit("/", 1)[-1])
