@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import unicodedata
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +90,7 @@ def engine_settings(config: RolloutConfig, max_model_len: int) -> vllm_engine.En
         gpu_memory_utilization=config.gpu_memory_utilization,
         enforce_eager=config.enforce_eager,
         tensor_parallel_size=config.tensor_parallel_size,
+        sleep_between_calls=config.sleep_between_rounds,
     )
 
 
@@ -273,8 +274,9 @@ def generate_part(
     token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
     """
     params = [request_params(r["seed"], sampling) for r in requests]
-    with vllm_engine.engine_in_use():  # pipelined: a rollout and an evaluation may come from two threads
-        llm, _ = vllm_engine.get_engine(checkpoint_dir, settings)
+    # One caller at a time (pipelined: a rollout and an evaluation may come from two threads); a CUDA
+    # engine that shares its GPU with training sleeps when the call ends (vllm_engine.engine_for_call).
+    with vllm_engine.engine_for_call(checkpoint_dir, settings) as (llm, _):
         started = time.perf_counter()
         outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
         generate_seconds = time.perf_counter() - started
@@ -395,6 +397,8 @@ def _ray_generate(
 
     if not ray.is_initialized():
         ray.init(include_dashboard=False, ignore_reinit_error=True)
+    # An actor holds its GPU alone (Ray schedules num_gpus exclusively): no trainer to make room for.
+    settings = replace(settings, sleep_between_calls=False)
     done: dict[int, GeneratedPart] = {}
     lost: list[str] = []
     for _attempt in range(2):
@@ -439,6 +443,18 @@ def _check_prompts_fit(
                 f"problem {problem['problem_id']}: prompt of {len(ids)} tokens + max_response_tokens "
                 f"{max_response_tokens} exceeds the context limit max_model_len={max_model_len}"
             )
+
+
+def _attach_to_ray_cluster() -> None:
+    """Join the Ray cluster named by ``RAY_ADDRESS`` (a cluster's Ray head sets it for its driver) before
+    the GPUs are counted, so its GPUs, not this machine's, decide the engines (vllm_engine.gpu_count).
+    Without the variable nothing happens: a laptop run counts its own GPUs and starts no Ray."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, ignore_reinit_error=True)  # ray.init reads RAY_ADDRESS
 
 
 def _engine_count(engines: int | None, config: RolloutConfig, gpus: int) -> int:
@@ -566,6 +582,7 @@ def generate_rollouts(
     requests = _request_list(
         [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round
     )
+    _attach_to_ray_cluster()
     gpus = vllm_engine.gpu_count()
     parts = split_parts(requests, _engine_count(engines, config, gpus))
     on_ray = len(parts) > 1 and gpus > 1

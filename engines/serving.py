@@ -24,6 +24,7 @@ workers, resource tracker), found by parentage before the stop so none is orphan
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import getpass
 import ipaddress
@@ -114,7 +115,8 @@ def _flag(name: str, value: Any) -> list[str]:
 def engine_flags(settings: vllm_engine.EngineSettings, *, on_cpu: bool) -> list[str]:
     """The rollout engine's arguments as ``vllm serve`` flags, all but the model (the tokenizer is
     the model's folder, vLLM's default). Also the serving app's (infra/serving_app.py)."""
-    kwargs = vllm_engine.engine_kwargs("", settings, on_cpu=on_cpu)
+    # A server shares its GPU with no trainer: it never sleeps (vllm_engine.engine_for_call).
+    kwargs = vllm_engine.engine_kwargs("", dataclasses.replace(settings, sleep_between_calls=False), on_cpu=on_cpu)
     return [flag for name, value in kwargs.items() if name not in ("model", "tokenizer") for flag in _flag(name, value)]
 
 

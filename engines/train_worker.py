@@ -82,6 +82,7 @@ def run_request(runner: StepRunner, spec: WorkerSpec, load_s: float,
         if runner.rank == 0 and spec.probe_path:
             torch.save(logits, spec.probe_path)
     save_timings = runner.save(int(spec.steps[-1]["step"]))
+    release_cached_gpu_memory()  # before the step is reported done: the engine may wake right after
     if runner.rank == 0:
         results[0]["timings"]["load_s"] = load_s
         results[-1]["timings"].update(save_timings)  # ds_save_s, export_s (overlapping) and save_export_s
@@ -188,6 +189,14 @@ def _preload() -> None:
             importlib.import_module(name)
         except ImportError:  # another version without it: the build will not import it either
             pass
+
+
+def release_cached_gpu_memory() -> None:
+    """Hand the step's freed activation blocks back to the GPU, which the caching allocator would keep:
+    between steps a local run's vLLM engine generates on this GPU (infra/sizing.py: plan_shared_gpu
+    counts the ranks' states alone then). No-op on the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _serve(base: WorkerSpec, rank: int) -> None:

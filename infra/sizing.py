@@ -31,6 +31,12 @@ a runtime allowance (CUDA context, torch/vLLM imports, NCCL and pinned buffers) 
   copy of the weights for the HF export (engines/train_checkpoint.py);
 - a vLLM engine's GPU: its weight shard, read through host memory at load.
 
+A local run shares one GPU between the vLLM engine and a training rank (``plan_shared_gpu``, printed
+by ``dapo run --plan`` and checked before a local CUDA run): during rollout the engine awake
+(``gpu_memory_utilization`` x the card) beside the warm ranks' states; while training the states and
+activations beside the engine asleep (vLLM sleep level 1: a CUDA-context allowance) or, without sleep,
+awake. Each phase is a list of the terms above (``training_terms``) plus the engine's.
+
 CPUs: a fixed number per GPU. A plan that cannot fit (training per GPU above the usable memory at
 the GPU count given, or an engine that cannot hold its weights and one group's KV cache) raises
 PlanDoesNotFit: one line naming the biggest term and the setting that fixes it.
@@ -210,10 +216,12 @@ class MemoryTerm:
 
 def training_terms(
     arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int,
-    logprob_chunk_tokens: int = 0,
+    logprob_chunk_tokens: int = 0, *, states_knob: str = "",
 ) -> tuple[MemoryTerm, ...]:
-    """The parts of ``train_bytes_per_gpu``: each state partitioned as its ZeRO stage does, the activations."""
-    more_gpus = "raise --train-gpus" + ("" if zero_stage == 3 else " or use train.zero_stage=3")
+    """The parts of ``train_bytes_per_gpu``: each state partitioned as its ZeRO stage does, the activations.
+    ``states_knob``: what shrinks the states where the GPU count is not a flag (a local run); default
+    the cluster's ``--train-gpus``."""
+    more_gpus = states_knob or "raise --train-gpus" + ("" if zero_stage == 3 else " or use train.zero_stage=3")
     shard = lambda per_param, partitioned: math.ceil(params * per_param / gpus) if partitioned else params * per_param  # noqa: E731
     acts = activation_bytes(arch, tokens_per_micro_batch, logprob_chunk_tokens=logprob_chunk_tokens)
     shorter = "lower rollout.max_response_tokens (the micro-batch is already 1 sample)"
@@ -558,6 +566,162 @@ def _plan_training(
             if micro == 1:
                 raise
     raise AssertionError("unreachable: the loop ends with micro = 1")
+
+
+# ----------------------------------------------------------------------------- one GPU shared (a local run)
+
+PLAN_PROMPT_TOKENS = 1024  # prompt tokens a plan assumes when rollout.max_model_len leaves them open
+RANK_RUNTIME_BYTES = 1 * GB  # a training rank's CUDA context, cuBLAS workspace and NCCL buffers
+ENGINE_ASLEEP_BYTES = 1 * GB  # an engine at sleep level 1: its process's CUDA context (weights and KV cache freed)
+STATE_TERMS = ("weights", "gradients", "optimizer state")  # training_terms that stay on the GPU between steps
+
+
+@dataclass(frozen=True)
+class SharedGpuPlan:
+    """Memory of one GPU that a local run's vLLM engine and a training rank share, in its two phases.
+
+    Rollout: the engine awake (it takes ``gpu_memory_utilization`` of the card: weights + KV cache)
+    beside the warm ranks' states. Training: the ranks' states and activations beside the engine
+    asleep (sleep level 1) or, without sleep (``rollout.sleep_between_rounds`` off, or pipelined
+    steps, whose rounds run while the ranks train), awake.
+    """
+
+    model: str
+    params: int
+    gpu_memory_bytes: int
+    usable_bytes: int
+    train_processes: int
+    zero_stage: int
+    engine_sleeps: bool
+    gpu_memory_utilization: float
+    tokens_per_sequence: int
+    samples_per_prompt: int
+    engine: EngineMemory  # the engine's share: weights, KV budget, full-length sequences
+    rollout_terms: tuple[MemoryTerm, ...]
+    train_terms: tuple[MemoryTerm, ...]
+
+    @property
+    def rollout_bytes(self) -> int:
+        return sum(t.bytes for t in self.rollout_terms)
+
+    @property
+    def train_bytes(self) -> int:
+        return sum(t.bytes for t in self.train_terms)
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.rollout_bytes, self.train_bytes)
+
+
+def plan_shared_gpu(
+    arch: ModelArchitecture,
+    *,
+    zero_stage: int,
+    micro_batch_samples: int,
+    tokens_per_sequence: int,
+    samples_per_prompt: int,
+    train_processes: int,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    engine_sleeps: bool,
+    usable_fraction: float = 0.9,
+    logprob_chunk_tokens: int = 0,
+) -> SharedGpuPlan:
+    """The plan of a GPU shared by the vLLM engine and one of ``train_processes`` ranks (one rank per GPU,
+    the engine on the first). Raises PlanDoesNotFit (one line: the phase, its biggest term, the knob) when
+    either phase exceeds the usable memory or the engine's share cannot hold its weights and one group.
+
+    The warm ranks keep their states between steps and release their activations (engines/train_worker.py);
+    vLLM refuses to start unless ``gpu_memory_utilization`` x the card is free beside them.
+    """
+    params = parameter_count(arch)
+    usable = int(gpu_memory_bytes * usable_fraction)
+    partitions = zero_stage == 3 or train_processes == 1
+    states_knob = "a GPU with more memory or a smaller model" + ("" if partitions else ", or train.zero_stage=3")
+    training = training_terms(arch, params, zero_stage, train_processes, micro_batch_samples * tokens_per_sequence,
+                              logprob_chunk_tokens, states_knob=states_knob)
+    runtime = MemoryTerm("training rank runtime", RANK_RUNTIME_BYTES, "none: one per rank")
+    resident = (*[t for t in training if t.name in STATE_TERMS], runtime)
+    awake_bytes = math.ceil(gpu_memory_utilization * gpu_memory_bytes)
+    during_training = (*training, runtime)
+    if engine_sleeps:
+        asleep = MemoryTerm("vLLM engine asleep", ENGINE_ASLEEP_BYTES, "none: the engine's CUDA context")
+        phases = {"during rollout": resident, "while training": (*during_training, asleep)}
+    else:
+        phases = {"during rollout": resident, "while training": during_training}
+    fits = min((usable - sum(t.bytes for t in others)) / gpu_memory_bytes
+               for name, others in phases.items() if name == "during rollout" or not engine_sleeps)
+    engine = engine_memory(arch, params, 1, tokens_per_sequence=tokens_per_sequence, gpu_memory_bytes=gpu_memory_bytes,
+                           gpu_memory_utilization=gpu_memory_utilization)
+    group_bytes = samples_per_prompt * engine.kv_per_sequence
+    needs = (engine.weights_per_gpu + 3 * GB + group_bytes) / gpu_memory_bytes  # engine_memory's workspace
+    awake = MemoryTerm(f"vLLM engine awake (gpu_memory_utilization {gpu_memory_utilization:g})", awake_bytes,
+                       _utilization_knob(needs, fits, sleep_would_help=not engine_sleeps))
+    phases = {name: (*terms, awake) if name == "during rollout" or not engine_sleeps else terms
+              for name, terms in phases.items()}
+    _refuse_the_largest(phases, gpus=f"1 GPU shared by the vLLM engine and {train_processes} training rank(s)",
+                        gpu_memory_bytes=gpu_memory_bytes, usable_bytes=usable)
+    if engine.full_length_sequences < samples_per_prompt:
+        more = "raise rollout.gpu_memory_utilization"
+        terms = (MemoryTerm("weights", engine.weights_per_gpu, more),
+                 MemoryTerm(f"KV cache of {samples_per_prompt} x {tokens_per_sequence} tokens", group_bytes,
+                            more + ", or lower rollout.max_response_tokens or rollout.samples_per_prompt"),
+                 MemoryTerm("workspace", 3 * GB, more))
+        raise refusal("rollout engine", terms, gpus="tensor_parallel 1", gpu_memory_bytes=gpu_memory_bytes,
+                      usable_bytes=awake_bytes, usable_note=f" (gpu_memory_utilization {gpu_memory_utilization:g})")
+    return SharedGpuPlan(
+        model=arch.name, params=params, gpu_memory_bytes=gpu_memory_bytes, usable_bytes=usable,
+        train_processes=train_processes, zero_stage=zero_stage, engine_sleeps=engine_sleeps,
+        gpu_memory_utilization=gpu_memory_utilization, tokens_per_sequence=tokens_per_sequence,
+        samples_per_prompt=samples_per_prompt, engine=engine,
+        rollout_terms=phases["during rollout"], train_terms=phases["while training"],
+    )
+
+
+def _utilization_knob(needs: float, fits: float, *, sleep_would_help: bool) -> str:
+    """What to do about the awake engine: a gpu_memory_utilization range that holds its weights and a
+    group and leaves the ranks room (and, when it stays awake during training, to let it sleep)."""
+    low, high = math.ceil(needs * 100) / 100, math.floor(fits * 100) / 100
+    if low <= high:
+        knob = f"set rollout.gpu_memory_utilization between {low:.2f} and {high:.2f}"
+    else:
+        knob = (f"no rollout.gpu_memory_utilization holds the engine ({low:.2f} needed) beside the training ranks "
+                f"({max(high, 0):.2f} left): a GPU with more memory or a smaller model")
+    if sleep_would_help:
+        knob = ("set rollout.sleep_between_rounds=true and run.pipelined=false (the engine then sleeps while the ranks "
+                f"train), or {knob}")
+    return knob
+
+
+def _refuse_the_largest(phases: dict[str, tuple[MemoryTerm, ...]], *, gpus: str, gpu_memory_bytes: int,
+                        usable_bytes: int) -> None:
+    """Raise the refusal of the phase that needs most, when any phase exceeds ``usable_bytes``."""
+    need, name = max((sum(t.bytes for t in terms), name) for name, terms in phases.items())
+    if need > usable_bytes:
+        raise refusal(f"shared GPU {name}", phases[name], gpus=gpus, gpu_memory_bytes=gpu_memory_bytes,
+                      usable_bytes=usable_bytes)
+
+
+def _terms_line(terms: tuple[MemoryTerm, ...]) -> str:
+    return " + ".join(f"{t.name} {t.bytes / GB:.1f}" for t in terms)
+
+
+def format_shared_plan(plan: SharedGpuPlan) -> str:
+    """The shared GPU's plan, one line per phase and one for the engine (printed by ``dapo run --plan``)."""
+    engine = plan.engine
+    during = "engine asleep: vLLM sleep level 1" if plan.engine_sleeps else "engine awake: no sleep"
+    return "\n".join([
+        f"memory plan for {plan.model} ({plan.params / 1e9:.2f}B parameters) on one {plan.gpu_memory_bytes / GB:.0f} GB "
+        f"GPU shared by the vLLM engine and training rank 0 of {plan.train_processes} (ZeRO-{plan.zero_stage}), "
+        f"{plan.usable_bytes / GB:.1f} GB usable:",
+        f"  rollout : {plan.rollout_bytes / GB:.1f} GB = {_terms_line(plan.rollout_terms)}",
+        f"  train   : {plan.train_bytes / GB:.1f} GB ({during}) = {_terms_line(plan.train_terms)}",
+        f"  engine  : gpu_memory_utilization {plan.gpu_memory_utilization:g} = "
+        f"{math.ceil(plan.gpu_memory_utilization * plan.gpu_memory_bytes) / GB:.1f} GB: weights "
+        f"{engine.weights_per_gpu / GB:.1f} GB, KV cache {engine.kv_budget_per_engine / GB:.1f} GB = "
+        f"{engine.full_length_sequences} sequences of {plan.tokens_per_sequence} tokens (a group is {plan.samples_per_prompt})",
+        f"  peak    : {plan.peak_bytes / GB:.1f} GB of {plan.usable_bytes / GB:.1f} GB usable (figures: infra/sizing.py)",
+    ])
 
 
 # ----------------------------------------------------------------------------- tables

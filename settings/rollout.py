@@ -23,6 +23,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.85  # fraction of each GPU a CUDA engine may take
     enforce_eager: bool = True  # skip CUDA graphs / compilation (faster start; turn off for long GPU runs)
     tensor_parallel_size: int = 1  # GPUs per engine (vLLM tensor parallel); 32B at 20480 tokens needs 4 (infra/sizing.py)
+    sleep_between_rounds: bool = True  # a CUDA engine sleeps between calls, freeing its GPU for training (no-op on CPU)
 
     def __post_init__(self) -> None:
         check_fields(self, {
