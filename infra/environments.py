@@ -33,7 +33,7 @@ from typing import Any
 
 import flyte
 
-from infra.flyte_types import memoize_dataclass_literal_types
+from infra.flyte_patches import memoize_dataclass_literal_types
 from infra.versioning import CPU_TORCH_INDEX, LOCK_FILES, PROJECT_ROOT, image_pin
 
 # Files every container reads at import, not modules: the task cache versions read pyproject.toml

@@ -18,8 +18,9 @@ database is in WAL mode: with a rollback journal it could corrupt the file on a 
 
 Journal mode is a property of the database file, so ``use_wal`` sets it once with a connection of
 its own before Flyte opens the file. The synchronous level belongs to each connection and cannot
-change inside a transaction, so ``sync_flyte_connections_normally`` sets it on Flyte's
-connections as Flyte opens them, before anything else can use them. (With ``aiosqlite``
+change inside a transaction, so ``infra/flyte_patches.py: sync_flyte_connections_normally`` (a
+patch of the SDK's private opener) sets it on Flyte's connections as Flyte opens them, before
+anything else can use them. (With ``aiosqlite``
 installed, which this project does not install, Flyte writes its cache entries through an async
 connection that keeps full syncs; the run records still go through the tuned one.)
 """
@@ -27,7 +28,6 @@ connection that keeps full syncs; the run records still go through the tuned one
 from __future__ import annotations
 
 import contextlib
-import functools
 import sqlite3
 from pathlib import Path
 
@@ -51,29 +51,3 @@ def sync_normally_if_wal(conn: sqlite3.Connection) -> bool:
         return False
     conn.execute("PRAGMA synchronous=NORMAL")
     return True
-
-
-def sync_flyte_connections_normally() -> None:
-    """Wrap Flyte's local-database openers so each new connection syncs normally in WAL mode (idempotent)."""
-    from flyte._persistence._db import LocalDB
-
-    open_sync = LocalDB._initialize_sync_inner
-    if getattr(open_sync, "dapo_tuned", False):
-        return
-    open_async = LocalDB._initialize_async
-
-    @functools.wraps(open_sync)
-    def initialize_sync_inner() -> None:
-        open_sync()
-        if LocalDB._conn_sync is not None:
-            sync_normally_if_wal(LocalDB._conn_sync)
-
-    @functools.wraps(open_async)
-    async def initialize_async() -> None:  # only with aiosqlite installed (not in requirements.txt)
-        await open_async()
-        if LocalDB._conn_sync is not None:
-            sync_normally_if_wal(LocalDB._conn_sync)
-
-    initialize_sync_inner.dapo_tuned = True  # type: ignore[attr-defined]
-    LocalDB._initialize_sync_inner = staticmethod(initialize_sync_inner)
-    LocalDB._initialize_async = staticmethod(initialize_async)

@@ -30,7 +30,8 @@ from typing import Any, NoReturn, TypeVar
 
 import flyte
 
-from infra.flyte_local_db import sync_flyte_connections_normally, use_wal
+from infra.flyte_local_db import use_wal
+from infra.flyte_patches import forget_config_file_lookup, sync_flyte_connections_normally
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
@@ -75,12 +76,9 @@ def init_flyte_for_run(layout: RunLayout) -> Path:
     path = _flyte_config(layout)
     # The SDK finds its local cache through the same search as `flyte` CLI config; point it here.
     os.environ["FLYTECTL_CONFIG"] = str(path.resolve())
-    # flyte.config memoises the config-file lookup (lru_cache) on first use, possibly at import
-    # time; forget it so the lookup sees the variable just set.
-    from flyte.config import _reader
-
-    if hasattr(_reader.get_config_file, "cache_clear"):
-        _reader.get_config_file.cache_clear()
+    # flyte.config memoises the config-file lookup, possibly at import time; forget it so the
+    # lookup sees the variable just set (a private-SDK patch: infra/flyte_patches.py).
+    forget_config_file_lookup()
     shadows = [shadow for shadow in (Path("config.yaml"), Path(".flyte") / "config.yaml") if shadow.exists()]
     for shadow in shadows:
         progress.note(f"warning: {shadow} in the current folder takes precedence over the run's Flyte config; "

@@ -9,8 +9,7 @@ verdict (``dapo_core.rewards.score_responses``, the reward training and evaluati
 It runs vLLM offline in this process (``engines.rollout.generate_rollouts``, the evaluation's
 own path) rather than calling a ``dapo serve``: one command, no server to start or find, and the
 same tokenisation, seeds and engine as ``dapo eval``, so a seed gives the samples evaluation drew
-for the same problem. Against a running server, use its OpenAI API (README: "Try the trained
-policy").
+for the same problem. Against a running server, use its OpenAI API (docs/SERVING.md).
 """
 
 from __future__ import annotations
