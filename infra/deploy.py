@@ -13,7 +13,9 @@ contacting anything. On top of what Flyte accepts, it fails when
 
 With ``--config`` the run config is validated and sized for a cluster of GPU nodes
 (infra/sizing.py); the resolved resources are printed and go into the serialised specs
-(through ``DAPO_CLUSTER_PLAN``, read by infra/environments.py). ``--sizing`` prints the sizing
+(through ``DAPO_CLUSTER_PLAN``, read by infra/environments.py), and the config (with ``--run-root``, its
+run folder too) becomes the driver task's default inputs, so the UI's launch form opens filled in
+(``driver_default_inputs``: the SDK's own serialisation of them, printed by the dry run). ``--sizing`` prints the sizing
 tables of docs/CLUSTER.md. ``--serve s3://.../RUN`` adds the serving app (infra/serving_app.py) for a
 checkpoint in the object store, or a run's final one, named and configured as ``dapo serve`` would
 (only its metadata and config.json are read). Without ``--dry-run`` the same environments are registered with the
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from infra import handoff, model_shape, sizing
+from workflows.commands.launch import DEFAULT_DOMAIN, DEFAULT_PROJECT, remote_run_dir
 from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +60,7 @@ EXPECTED_TASKS: dict[str, tuple[str, ...]] = {
     "dapo-train": ("train",),
 }
 PLACEHOLDER_ENDPOINT = "dns:///flyte.invalid:443"  # never contacted by a dry run
+DRIVER_TASK = "dapo_pipeline"  # the task `dapo run --remote` starts; its default inputs come from --config
 KNOWN_ARCHITECTURES = {"qwen2.5-32b": sizing.QWEN2_5_32B}
 
 
@@ -127,6 +131,7 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         configured_rollout_engines=config.rollout.engines,
         configured_tensor_parallel=getattr(config.rollout, "tensor_parallel_size", 1),
         logprob_chunk_tokens=getattr(config.train, "logprob_chunk_tokens", 0),
+        precision=getattr(config.train, "precision", "bf16"),
         configured_activation_checkpointing=getattr(config.train, "activation_checkpointing", None),
     )
     overrides.update(
@@ -162,6 +167,43 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
         f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "
         f"({everything / 1e12:,.1f} TB keeping all)")
+
+
+# ----------------------------------------------------------------------------- the driver's default inputs
+
+
+def with_default_inputs(task: Any, defaults: dict[str, Any]) -> Any:
+    """A copy of ``task`` whose inputs named in ``defaults`` default to those values. Flyte registers a
+    task's defaults as its default inputs (the UI's launch form opens with them); nothing else of the
+    task changes (its name, typed interface, cache version)."""
+    unknown = sorted(set(defaults) - set(task.interface.inputs))
+    if unknown:
+        raise DeployError(f"{task.name}: no input(s) {unknown}; it takes {sorted(task.interface.inputs)}")
+    inputs = {name: (python_type, defaults.get(name, default))
+              for name, (python_type, default) in task.interface.inputs.items()}
+    return dataclasses.replace(task, interface=dataclasses.replace(task.interface, inputs=inputs))
+
+
+def set_driver_defaults(envs: list[Any], defaults: dict[str, Any]) -> Any:
+    """Give the driver task of ``envs`` these default inputs (in its environment, before serialising);
+    returns the new task."""
+    for env in envs:
+        for name, task in env.tasks.items():
+            if name.split(".", 1)[-1] == DRIVER_TASK:
+                env.tasks[name] = with_default_inputs(task, defaults)
+                return env.tasks[name]
+    raise DeployError(f"no environment holds the driver task {DRIVER_TASK!r}")
+
+
+def serialised_default_inputs(task: Any) -> dict[str, Any]:
+    """``{input: its default literal as JSON}``: what Flyte registers as ``task``'s default inputs, from the
+    SDK's own conversion (``convert_upload_default_inputs``, the one a real deploy calls; a dry run skips it)."""
+    import asyncio
+
+    from flyte._internal.runtime.convert import convert_upload_default_inputs
+
+    parameters = asyncio.run(convert_upload_default_inputs(task.interface))
+    return {named.name: _struct_to_dict(named.parameter.default) for named in parameters}
 
 
 # ----------------------------------------------------------------------------- loading tasks
@@ -392,6 +434,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="serialise every task offline; register nothing")
     parser.add_argument("--config", help="run config YAML to validate and size for the cluster")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override a config field")
+    parser.add_argument("--run-root", default="",
+                        help="with --config: the run store the pods share (s3://bucket/runs, or the --run-store-mount "
+                             "path); the driver's default run_dir is the config's run folder there")
     parser.add_argument("--module", action="append", default=[], metavar="MODULE_OR_FILE",
                         help="also import this module (dotted name or .py file) and deploy its environments")
     parser.add_argument("--target", choices=("cluster", "local"), default="cluster",
@@ -413,8 +458,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also deploy the serving app (vLLM, OpenAI API) for this checkpoint: an object-store URI "
                              "of a checkpoint folder, or of a run folder (its final checkpoint)")
     parser.add_argument("--flyte-config", help="Flyte config of the backend to register with (not with --dry-run)")
-    parser.add_argument("--project", default="dapo", help="Flyte project (dry run; default: %(default)s)")
-    parser.add_argument("--domain", default="development", help="Flyte domain (dry run; default: %(default)s)")
+    parser.add_argument("--project", default=DEFAULT_PROJECT, help="Flyte project (default: %(default)s)")
+    parser.add_argument("--domain", default=DEFAULT_DOMAIN, help="Flyte domain (default: %(default)s)")
     parser.add_argument("--version", default="", help="version to register (default: dry-run, or derived by Flyte)")
     parser.add_argument("--json-out", help="write the serialised task summary and plan as JSON here")
 
@@ -431,7 +476,12 @@ def _deploy(args: argparse.Namespace) -> int:
         except (ConfigError, ValueError) as err:
             raise DeployInputError(f"config: {err}") from err
         plan, plan_env = resolve_plan(config, args)
+        defaults = {"run_config": config}
+        if args.run_root:
+            defaults["run_dir"] = remote_run_dir(args.run_root, config.run.name)  # a relative root: exit 2
         print(f"config {args.config}: valid (digest {config.digest()})")
+    elif args.run_root:
+        raise DeployInputError("--run-root names the driver's default run folder: give --config too")
     # Set before anything imports infra.environments: the environments are built from these.
     os.environ["DAPO_FLYTE_TARGET"] = args.target
     os.environ["DAPO_CLUSTER_PLAN"] = json.dumps(plan_env, sort_keys=True)
@@ -450,7 +500,8 @@ def _deploy(args: argparse.Namespace) -> int:
     else:
         if not args.flyte_config:
             raise DeployInputError("registering needs --flyte-config (the backend's config.yaml); or pass --dry-run")
-        flyte.init_from_config(args.flyte_config, root_dir=REPO_ROOT)
+        # the project and domain `dapo run --remote` looks the driver up in (same options, same defaults)
+        flyte.init_from_config(args.flyte_config, root_dir=REPO_ROOT, project=args.project, domain=args.domain)
 
     modules = [import_module(name) for name in (*PIPELINE_MODULES, *args.module)]
     envs = collect_environments(modules)
@@ -459,6 +510,7 @@ def _deploy(args: argparse.Namespace) -> int:
     if environments.TARGET != args.target:
         raise DeployError(f"environments were built for target {environments.TARGET!r}, not {args.target!r}")
     check_expected_tasks(envs)
+    default_inputs = serialised_default_inputs(set_driver_defaults(envs, defaults)) if args.config else {}
     if args.serve:
         envs.append(serving_environment(args.serve, plan_env))
     rows, apps = serialise(envs, dry_run=args.dry_run, version=args.version or ("dry-run" if args.dry_run else ""))
@@ -472,13 +524,17 @@ def _deploy(args: argparse.Namespace) -> int:
     served = f" and {len(apps)} app(s)" if apps else ""
     print(f"dapo deploy ({args.target}): {verb} {len(rows)} task(s) in {len(envs) - len(apps)} environment(s){served}")
     print(format_rows(rows, apps))
+    if default_inputs:
+        run_dir = f", run_dir {defaults['run_dir']}" if "run_dir" in defaults else " (run_dir: none; give --run-root)"
+        print(f"default inputs of {DRIVER_TASK}: run_config from {args.config} (digest {config.digest()}){run_dir}")
     if plan is not None:
         print(sizing.format_plan(plan))
         print(describe_handoff(config, plan))
     elif args.config:
         print("resolved resources: the tiny policy needs no GPU (one engine, one training process)")
     if args.json_out:
-        payload = {"tasks": rows, "apps": apps, "plan": dataclasses.asdict(plan) if plan else None, "cluster_plan_env": plan_env}
+        payload = {"tasks": rows, "apps": apps, "plan": dataclasses.asdict(plan) if plan else None, "cluster_plan_env": plan_env,
+                   "driver_default_inputs": default_inputs}
         Path(args.json_out).write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     return 0
 

@@ -127,8 +127,8 @@ def _best_eval(evals: list[dict[str, Any]]) -> dict[str, Any]:
 async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_paths: list[str], step: int) -> dict[str, Any]:
     progress.stage(f"the evaluation of step {step}", quiet=True)
     out = str(layout.eval_shard(step))
-    summary = await call_verified(evaluate, [out], checkpoint, test_paths, out, step, cfg.evaluate, cfg.rollout,
-                                  upstream=[checkpoint, layout.curate_dir])
+    summary = await call_verified(step_action(evaluate, step), [out], checkpoint, test_paths, out, step, cfg.evaluate,
+                                  cfg.rollout, upstream=[checkpoint, layout.curate_dir])
     progress.eval_done(step, asdict(summary))
     return {"step": step, **asdict(summary)}
 
@@ -339,6 +339,15 @@ def step_group(step: int) -> str:
     return f"step-{step:04d}"
 
 
+def step_action(task: Any, step: int, generation_round: int | None = None) -> Any:
+    """``task`` called under a readable action name: ``train-step-0042``, ``rollout-step-0042-round-01``
+    (the round's shard name), so the Flyte UI and ``flyte get action`` show which step (and round) a
+    call is. Only the task's short name changes: its name, interface and cache version, and so its
+    cache keys and outputs, are the task's own."""
+    suffix = "" if generation_round is None else f"-round-{generation_round:02d}"
+    return task.override(short_name=f"{task.short_name}-{step_group(step)}{suffix}")
+
+
 # The live run page is redrawn after a step when this long has passed since its last redraw, and
 # after every evaluation. A redraw costs ~10 ms at 20 steps and ~34 ms at 200 (benchmarks/RESULTS.md):
 # 1-2% of the tiny config's ~1.7 s steps if drawn after each. Steps longer than this redraw it after
@@ -387,7 +396,7 @@ class _PipelineStages:
         checkpoint, policy_version = self.policy_after[behaviour_step]
         t = time.perf_counter()
         await call_verified(
-            rollout, [rollout_path, manifest_path(rollout_path)],
+            step_action(rollout, step, generation_round), [rollout_path, manifest_path(rollout_path)],
             checkpoint, self.train_paths, problem_ids, rollout_path, cfg.rollout,
             derive_seed(cfg.run.seed, "rollout", step, generation_round), policy_version, generation_round,
             upstream=[checkpoint, layout.curate_dir],
@@ -395,8 +404,9 @@ class _PipelineStages:
         rollout_s = time.perf_counter() - t
         scored_path = str(layout.scored_shard(step, generation_round))
         t = time.perf_counter()
-        scored = await call_verified(score, [scored_path], [rollout_path], self.train_paths, scored_path,
-                                     cfg.rollout.max_response_tokens, cfg.score, upstream=[rollout_path, layout.curate_dir])
+        scored = await call_verified(step_action(score, step, generation_round), [scored_path], [rollout_path],
+                                     self.train_paths, scored_path, cfg.rollout.max_response_tokens, cfg.score,
+                                     upstream=[rollout_path, layout.curate_dir])
         stats = {k: v for k, v in asdict(scored).items() if k != "group_decisions"}
         stats.update(time_rollout_s=rollout_s, time_score_s=time.perf_counter() - t)
         return GeneratedRound(groups=_round_groups(scored, scored_path, step, behaviour_step), stats=stats)
@@ -418,11 +428,11 @@ class _PipelineStages:
             sources = [source for source, _ in scored]
             batch_path, surplus_path = str(layout.batch_shard(step)), str(layout.surplus_shard(step))
             await call_verified(
-                assemble_batch, [batch_path, surplus_path],
+                step_action(assemble_batch, step), [batch_path, surplus_path],
                 sources, [generated for _, generated in scored], [g for g, _ in result.kept], [g for g, _ in result.surplus],
                 batch_path, surplus_path, upstream=sources,
             )
-            published = await call_verified(train, [layout.checkpoint(step)], self.checkpoint, [batch_path],
+            published = await call_verified(step_action(train, step), [layout.checkpoint(step)], self.checkpoint, [batch_path],
                                             str(layout.checkpoint(step)), step, cfg.train,
                                             upstream=[self.checkpoint, batch_path])
             trained = _train_row(published.checkpoint_dir)

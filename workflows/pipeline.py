@@ -251,6 +251,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-root", default=DEFAULT_RUN_ROOT,
                         help="folder or object-store URI (s3://bucket/runs) holding run folders (default: %(default)s)")
     add_verbose_argument(parser)
+    parser.add_argument("--plan", action="store_true",
+                        help="print the memory plan of the GPU the vLLM engine and training share, run nothing")
+    parser.add_argument("--gpu-memory-gb", type=float, default=0.0,
+                        help="with --plan: memory of that GPU in GB (default: this machine's CUDA GPU)")
+    from workflows.commands import launch
+
+    launch.add_arguments(parser)  # --remote: the same config and overrides, run on a Flyte cluster
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
@@ -320,9 +327,85 @@ def _is_file(target: str) -> bool:
     return run_store.exists(target) if run_store.is_remote(target) else Path(target).is_file()
 
 
+def local_cuda() -> tuple[int, int]:
+    """``(CUDA GPUs here, bytes of the first)``; ``(0, 0)`` without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, 0
+    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory
+
+
+def shared_gpu_plan(config: RunConfig, gpu_memory_bytes: int) -> Any:
+    """infra/sizing.py's plan of a GPU the engine and training rank 0 share, or None for the tiny policies
+    (they fit any GPU). The shape is the bootstrap.source folder's config.json; a model without one is
+    bad input. Raises sizing.PlanDoesNotFit (one line) when the run cannot fit."""
+    from engines.policy_bootstrap import SHIPPED_PREFIX, BootstrapError, resolve_source
+    from infra import model_shape, sizing
+
+    if config.bootstrap.source == "tiny" or config.bootstrap.source.startswith(SHIPPED_PREFIX):
+        return None
+    source = resolve_source(config.bootstrap.source)
+    try:
+        arch = model_shape.load_architecture(source)
+    except ValueError as err:
+        raise BootstrapError(f"bootstrap.source: {err}") from err
+    rollout, train = config.rollout, config.train
+    return sizing.plan_shared_gpu(
+        arch, zero_stage=train.zero_stage, micro_batch_samples=train.micro_batch_samples,
+        tokens_per_sequence=rollout.max_model_len or sizing.PLAN_PROMPT_TOKENS + rollout.max_response_tokens,
+        samples_per_prompt=rollout.samples_per_prompt, train_processes=train.num_processes,
+        gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=rollout.gpu_memory_utilization,
+        # pipelined, the next step's rounds generate while the ranks train: the engine is awake then
+        engine_sleeps=rollout.sleep_between_rounds and not config.run.pipelined,
+        logprob_chunk_tokens=train.logprob_chunk_tokens,
+    )
+
+
+def check_local_gpu_plan(config: RunConfig) -> Any:
+    """Before any work of a run on a CUDA host: one rank per GPU, and the shared GPU's plan (returned;
+    None without CUDA or for the tiny policies). Raises PlanDoesNotFit / BootstrapError (one line)."""
+    from infra.sizing import PlanDoesNotFit
+
+    gpus, memory = local_cuda()
+    if not gpus:
+        return None
+    if config.train.num_processes > gpus:
+        raise PlanDoesNotFit(f"train.num_processes={config.train.num_processes} but this machine has {gpus} CUDA "
+                             f"GPU(s): a local run places one rank per GPU (set train.num_processes={gpus})")
+    return shared_gpu_plan(config, memory)
+
+
+def print_plan(config: RunConfig, gpu_memory_gb: float) -> int:
+    """``dapo run --plan``: the shared GPU's plan on stdout, exit 0; nothing runs or is written."""
+    from infra.sizing import GB, format_shared_plan
+
+    memory = int(gpu_memory_gb * GB) or local_cuda()[1]
+    if not memory:
+        print("dapo run: --plan: no CUDA GPU here; give its memory with --gpu-memory-gb", file=sys.stderr)
+        return BAD_INPUT
+    plan = shared_gpu_plan(config, memory)
+    print(format_shared_plan(plan) if plan else
+          f"{config.bootstrap.source}: a tiny policy, no GPU memory plan needed (it fits any GPU, or the CPU)")
+    return 0
+
+
 def run_cli(args: argparse.Namespace) -> int:
+    from infra.sizing import PlanDoesNotFit
+
     config = load_config(args.config, args.set)
-    check_input_paths(config)
+    if getattr(args, "remote", False):  # a Namespace built by hand (tests) has no cluster options
+        from workflows.commands import launch
+
+        return launch.run_cli(config, args)
+    try:
+        if args.plan:
+            return print_plan(config, args.gpu_memory_gb)
+        check_input_paths(config)
+        check_local_gpu_plan(config)
+    except PlanDoesNotFit as err:
+        print(f"dapo run: {err}", file=sys.stderr)
+        return BAD_INPUT
     layout = run_layout(config, args.run_root)
     try:
         check_can_hold(layout.root)
