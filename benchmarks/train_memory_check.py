@@ -23,16 +23,23 @@ host memory, at fp32 (``train.precision: fp32``, the CPU default):
   keeps even for fp32 parameters, + Adam's two moments); one process: nothing partitioned;
 - activations of the micro-batch (activation checkpointing on, as the plan assumes): every layer's
   input and one recomputed layer at 4 bytes an element, and the logits at 12 (fp32 logits, their
-  log-softmax and its gradient; the GPU plan's 10 assume bf16 logits).
+  log-softmax and its gradient; the GPU plan's 10 assume bf16 logits);
+- the optimizer step's transients beyond the activations (issue 49): DeepSpeed's flat fp32 gradient
+  partition (4 bytes) and AdamW's CPU scratch (8: sqrt(v) and its quotient), less the module's gradients
+  ZeRO-1 frees before the update: 8 bytes a parameter above the states, where the peak falls.
+
+These are ``sizing.training_terms`` at ``precision="fp32"`` with ``ADAM_SCRATCH_BYTES_CPU``.
 
 Not applicable here: the ZeRO-3 gather buffer (ZeRO-1), the GPU process's runtime allowance
 (``HOST_BYTES_PER_GPU_PROCESS``: a CUDA context and pinned buffers; this process's imports are the
 baseline instead), and the vLLM engine (no rollout in a train step). Prints a table; writes
-``benchmarks/results/train_memory_check.json``. At the default shape the rank peaks at ~15 GB and the
+``benchmarks/results/train_memory_check.json``. ``--recompare`` measures nothing: it compares the
+measurement recorded in ``--out`` with today's plan and rewrites the file's plan figures. At the default shape the rank peaks at ~15 GB and the
 whole check takes ~2 minutes on two cores; ``--layers 2`` keeps the shape's width and vocabulary with two
 blocks (~5 GB, under a minute).
 
     .venv/bin/python benchmarks/train_memory_check.py [--config-dir DIR] [--layers N] [--samples 4] [--tokens 128]
+    .venv/bin/python benchmarks/train_memory_check.py --recompare [--out FILE]
 """
 
 from __future__ import annotations
@@ -59,9 +66,6 @@ from infra import model_shape, sizing  # noqa: E402
 
 DEFAULT_CONFIG_DIR = REPO / "tests" / "data" / "model_configs" / "Qwen2.5-0.5B"
 RESULT = REPO / "benchmarks" / "results" / "train_memory_check.json"
-GRAD_BYTES = 4  # fp32 gradients (sizing.training_state_bytes_per_gpu's default)
-OPTIMIZER_BYTES = 12  # fp32 partition + Adam m and v (sizing's default)
-LOGIT_BYTES_FP32 = 12  # fp32 logits + fp32 log-softmax + its fp32 gradient, per element
 PROMPT_TOKENS = 32  # of each sequence; the rest is response
 STEP_TIMEOUT_S = 1200.0
 
@@ -79,6 +83,7 @@ class CpuPlan:
     gradients: int
     optimizer_state: int  # fp32 partition + Adam moments, unpartitioned (one process)
     activations: sizing.ActivationEstimate  # fp32 elements, 12-byte logits
+    optimizer_step: int  # the step's transients beyond the activations (flat gradients + AdamW's CPU scratch)
 
     @property
     def state(self) -> int:
@@ -86,26 +91,27 @@ class CpuPlan:
 
     @property
     def total(self) -> int:
-        return self.state + self.activations.total
+        return self.state + self.activations.total + self.optimizer_step
 
 
 def cpu_plan(arch: sizing.ModelArchitecture, tokens_per_micro_batch: int) -> CpuPlan:
-    """The plan's terms for ``arch`` trained by one fp32 ZeRO-1 process on ``tokens_per_micro_batch`` tokens."""
+    """The plan's terms for ``arch`` trained by one fp32 ZeRO-1 process on ``tokens_per_micro_batch`` tokens:
+    ``sizing.training_terms`` at fp32 with AdamW's CPU scratch, one process (nothing partitioned)."""
     params = sizing.parameter_count(arch)
-    state = sizing.training_state_bytes_per_gpu(params, 1, 1, weight_bytes_per_param=sizing.FP32_BYTES,
-                                                grad_bytes_per_param=GRAD_BYTES,
-                                                optimizer_bytes_per_param=OPTIMIZER_BYTES)
-    plan = CpuPlan(
+    terms = {t.name: t.bytes for t in sizing.training_terms(
+        arch, params, 1, 1, tokens_per_micro_batch, precision="fp32",
+        adam_scratch_bytes_per_param=sizing.ADAM_SCRATCH_BYTES_CPU)}
+    elements = sizing.precision_bytes("fp32")
+    return CpuPlan(
         params=params,
         tokens_per_micro_batch=tokens_per_micro_batch,
-        weights=sizing.weight_bytes(params, sizing.FP32_BYTES),
-        gradients=params * GRAD_BYTES,
-        optimizer_state=params * OPTIMIZER_BYTES,
-        activations=sizing.activation_bytes(arch, tokens_per_micro_batch, bytes_per_element=sizing.FP32_BYTES,
-                                            logit_bytes_per_element=LOGIT_BYTES_FP32),
+        weights=terms["weights"],
+        gradients=terms["gradients"],
+        optimizer_state=terms["optimizer state"],
+        activations=sizing.activation_bytes(arch, tokens_per_micro_batch, bytes_per_element=elements.activations,
+                                            logit_bytes_per_element=elements.logits),
+        optimizer_step=terms["optimizer step transients"],
     )
-    assert plan.state == state, (plan.state, state)  # the same terms sizing adds up for a GPU rank
-    return plan
 
 
 def measured_architecture(config_dir: Path, layers: int) -> sizing.ModelArchitecture:
@@ -269,7 +275,8 @@ def _table(plan: CpuPlan, figures: dict[str, Any], baseline_kib: int, rank_peak_
         ("optimizer state (fp32 partition + Adam m, v)", plan.optimizer_state),
         ("activations: layer inputs", plan.activations.checkpoints),
         ("activations: one layer recomputed", plan.activations.layer_working_set),
-        ("activations: logits (12 B/element)", plan.activations.logits), ("plan total", plan.total),
+        ("activations: logits (12 B/element)", plan.activations.logits),
+        ("optimizer step transients beyond activations", plan.optimizer_step), ("plan total", plan.total),
     ]
     lines = [f"{'term':<48}{'GB':>8}"] + [f"{name:<48}{value / gb:>8.3f}" for name, value in rows]
     lines += [
@@ -288,6 +295,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=4, help="sequences in the batch (one micro-batch)")
     parser.add_argument("--tokens", type=int, default=128, help=f"tokens per sequence ({PROMPT_TOKENS} of prompt)")
     parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--recompare", action="store_true",
+                        help="measure nothing: compare the measurement recorded in --out with today's plan")
     parser.add_argument("--phase", choices=["build", "baseline", "step"], help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -295,6 +304,8 @@ def main() -> int:
         parser.error(f"--tokens must exceed the {PROMPT_TOKENS} prompt tokens")
     if args.phase:
         return _child(args)
+    if args.recompare:
+        return recompare(args.out, args.config_dir)
     arch = measured_architecture(args.config_dir, args.layers)
     plan = cpu_plan(arch, args.samples * args.tokens)
     with tempfile.TemporaryDirectory(prefix="dapo-train-memory-") as tmp:
@@ -314,21 +325,45 @@ def main() -> int:
     result = {
         "model": arch.name, "layers": arch.layers, "params": plan.params, "samples": args.samples,
         "tokens_per_sequence": args.tokens, "tokens_per_micro_batch": plan.tokens_per_micro_batch,
-        "plan_terms_bytes": {
-            "weights": plan.weights, "gradients": plan.gradients, "optimizer_state": plan.optimizer_state,
-            "activations_layer_inputs": plan.activations.checkpoints,
-            "activations_one_layer": plan.activations.layer_working_set, "activations_logits": plan.activations.logits,
-        },
+        "plan_terms_bytes": plan_terms(plan),
         **figures,
         "baseline_kib": baseline["baseline_kib"], "step": step, "seconds_total": seconds,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    _write(args.out, result)
+    return 0
+
+
+def plan_terms(plan: CpuPlan) -> dict[str, int]:
+    """The plan's terms as the result file records them."""
+    return {
+        "weights": plan.weights, "gradients": plan.gradients, "optimizer_state": plan.optimizer_state,
+        "activations_layer_inputs": plan.activations.checkpoints,
+        "activations_one_layer": plan.activations.layer_working_set, "activations_logits": plan.activations.logits,
+        "optimizer_step_transients": plan.optimizer_step,
+    }
+
+
+def recompare(out: Path, config_dir: Path) -> int:
+    """Compare the measurement recorded in ``out`` with today's plan; rewrite its plan figures only."""
+    result = json.loads(out.read_text())
+    arch = measured_architecture(config_dir, result["layers"])
+    plan = cpu_plan(arch, result["samples"] * result["tokens_per_sequence"])
+    if plan.params != result["params"]:
+        raise SystemExit(f"{out}: measured {result['params']} parameters, the plan counts {plan.params}")
+    figures = compare(plan, result["baseline_kib"], result["step"]["rank_peak_kib_rusage"])
+    print(_table(plan, figures, result["baseline_kib"], result["step"]["rank_peak_kib_rusage"]))
+    _write(out, {**result, "plan_terms_bytes": plan_terms(plan), **figures,
+                 "plan_compared_at": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return 0
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from result_file import write_result
 
-    write_result(args.out, result)
-    return 0
+    write_result(out, result)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,17 @@ Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
   bytes (bf16 logits, their fp32 log-softmax and its fp32 gradient). At 20480 tokens the logits
   dominate; with ``train.logprob_chunk_tokens`` = C (dapo_core/logprobs.py: the head runs C
   positions at a time and recomputes them in backward) only C positions' logits exist at once.
+- ``train.precision: fp32`` (the CPU default) doubles the weights (4 bytes) and activations (4 bytes an
+  element, logits 12: fp32 logits, log-softmax and gradient); gradients and optimizer state are fp32 either way.
+- The optimizer step's transients (``optimizer_step_bytes``; DeepSpeed 0.19's
+  runtime/zero/stage_1_and_2.py and stage3.py, torch's AdamW): at ``optimizer.step`` the rank holds a
+  flat fp32 copy of its gradient partition (4 bytes a parameter of the partition; ZeRO-3 steps one
+  sub-group of at most ``sub_group_size`` = 1e9 elements at a time) and AdamW's scratch over it: on
+  CUDA the foreach path's sqrt(v) (4 bytes), on a CPU the single-tensor path's sqrt(v) and its
+  quotient at once (8). ZeRO-1 frees the module's gradients (the gradients term) before the update.
+  The activations are released before the step (PyTorch's allocator returns cached blocks to the
+  driver before it reports out of memory), so the training phase peaks at states + the larger of the
+  two; the term counts what the step needs beyond the activations.
 
 Host memory of a GPU pod (what its Kubernetes request asks for; GiB, rounded up), per GPU process
 a runtime allowance (CUDA context, torch/vLLM imports, NCCL and pinned buffers) plus:
@@ -51,6 +62,11 @@ GB = 10**9  # decimal gigabyte: GPU vendors' "80 GB" is ~80e9 usable bytes (H100
 GIB = 2**30  # Kubernetes' "Gi", the unit of pod memory requests
 BF16_BYTES = 2
 FP32_BYTES = 4
+GRAD_BYTES = 4  # fp32 gradients (bf16 runs accumulate in fp32: infra/deepspeed.py's grad_accum_dtype)
+OPTIMIZER_BYTES = 12  # fp32 master copy + Adam's first and second moments
+ADAM_SCRATCH_BYTES_CUDA = 4  # torch AdamW's foreach path (CUDA): one fp32 sqrt(v) buffer, then in place
+ADAM_SCRATCH_BYTES_CPU = 8  # its single-tensor path (CPU): sqrt(v) and sqrt(v) / bias correction at once
+ZERO3_SUB_GROUP_ELEMENTS = 10**9  # DeepSpeed's zero_optimization.sub_group_size default (infra/deepspeed.py keeps it)
 CPUS_PER_GPU = 8  # data loading, tokenisation, NCCL and the runtime's threads of one GPU process
 HOST_BYTES_PER_GPU_PROCESS = 6 * GIB  # CUDA context, torch/vLLM imports, NCCL and pinned buffers
 HOST_BYTES_PER_POD = 4 * GIB  # the pod's own agent (Flyte, Ray or the elastic launcher)
@@ -120,6 +136,28 @@ def weight_bytes(params: int, bytes_per_param: int = BF16_BYTES) -> int:
     return params * bytes_per_param
 
 
+@dataclass(frozen=True)
+class PrecisionBytes:
+    """Bytes an element of ``train.precision`` takes in the training terms that depend on it."""
+
+    weights: int  # the module's parameters
+    activations: int  # layer inputs and one recomputed layer
+    logits: int  # per logit: logits + fp32 log-softmax + its fp32 gradient
+
+
+TRAIN_PRECISION_BYTES = {
+    "bf16": PrecisionBytes(weights=BF16_BYTES, activations=BF16_BYTES, logits=10),
+    "fp32": PrecisionBytes(weights=FP32_BYTES, activations=FP32_BYTES, logits=12),
+}
+
+
+def precision_bytes(precision: str) -> PrecisionBytes:
+    """The element sizes of ``train.precision`` (``bf16`` or ``fp32``)."""
+    if precision not in TRAIN_PRECISION_BYTES:
+        raise ValueError(f"precision must be one of {tuple(TRAIN_PRECISION_BYTES)}, got {precision!r}")
+    return TRAIN_PRECISION_BYTES[precision]
+
+
 def kv_cache_bytes_per_token(arch: ModelArchitecture, bytes_per_element: int = BF16_BYTES) -> int:
     """KV-cache bytes one token occupies in every layer: 2 (K, V) x layers x kv heads x head dim x bytes."""
     return 2 * arch.layers * arch.kv_heads * arch.head_dim * bytes_per_element
@@ -136,8 +174,8 @@ def training_state_bytes_per_gpu(
     gpus: int,
     *,
     weight_bytes_per_param: int = BF16_BYTES,
-    grad_bytes_per_param: int = 4,
-    optimizer_bytes_per_param: int = 12,
+    grad_bytes_per_param: int = GRAD_BYTES,
+    optimizer_bytes_per_param: int = OPTIMIZER_BYTES,
 ) -> int:
     """Weights + gradients + optimizer state held by one of ``gpus`` data-parallel GPUs.
 
@@ -186,23 +224,49 @@ def activation_bytes(
     return ActivationEstimate(checkpoints, working, logits, checkpoints + working + logits)
 
 
-def zero3_gather_bytes(arch: ModelArchitecture, params: int, prefetch_layers: int = 2) -> int:
-    """ZeRO-3 working buffer: the bf16 parameters of ``prefetch_layers`` gathered layers."""
+def zero3_gather_bytes(arch: ModelArchitecture, params: int, prefetch_layers: int = 2,
+                       bytes_per_param: int = BF16_BYTES) -> int:
+    """ZeRO-3 working buffer: the parameters (bf16 by default) of ``prefetch_layers`` gathered layers."""
     embeddings = arch.vocab_size * arch.hidden_size * (1 if arch.tied_embeddings else 2)
     per_layer = (params - embeddings) / arch.layers
-    return int(prefetch_layers * per_layer * BF16_BYTES)
+    return int(prefetch_layers * per_layer * bytes_per_param)
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """What one rank allocates at ``optimizer.step`` beside its states (bytes; see the module doc)."""
+
+    flat_gradients: int  # the fp32 flat copy of the gradient partition (sub-group) the optimizer steps
+    adam_scratch: int  # AdamW's temporaries over that partition
+    released_gradients: int  # the module's gradients, freed before the update (ZeRO-1 only)
+
+    @property
+    def peak(self) -> int:
+        """Above the states: the flat copy beside the gradients, or during the update the copy and the
+        scratch less the gradients freed by then."""
+        return max(self.flat_gradients, self.flat_gradients + self.adam_scratch - self.released_gradients)
+
+
+def optimizer_step_bytes(params: int, zero_stage: int, gpus: int, *,
+                         adam_scratch_bytes_per_param: int = ADAM_SCRATCH_BYTES_CUDA) -> OptimizerStep:
+    """The step's transients on one of ``gpus`` ranks. ZeRO-1/2 step the rank's whole partition at once
+    (stage_1_and_2.py: step), ZeRO-3 one sub-group at a time (stage3.py: _prepare_fp32_grad_for_sub_group);
+    ZeRO-2/3 keep their gradient partition through the step, ZeRO-1 frees the module's gradients
+    (free_grad_in_param_list) before ``optimizer.step``."""
+    stepped = math.ceil(params / gpus)
+    if zero_stage == 3:
+        stepped = min(stepped, ZERO3_SUB_GROUP_ELEMENTS)
+    released = params * GRAD_BYTES if zero_stage == 1 else 0
+    return OptimizerStep(stepped * FP32_BYTES, stepped * adam_scratch_bytes_per_param, released)
 
 
 def train_bytes_per_gpu(
     arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int,
-    logprob_chunk_tokens: int = 0,
+    logprob_chunk_tokens: int = 0, *, precision: str = "bf16",
 ) -> int:
-    """Training memory of one GPU: states + activations (+ the ZeRO-3 gather buffer)."""
-    total = training_state_bytes_per_gpu(params, zero_stage, gpus)
-    total += activation_bytes(arch, tokens_per_micro_batch, logprob_chunk_tokens=logprob_chunk_tokens).total
-    if zero_stage == 3:
-        total += zero3_gather_bytes(arch, params)
-    return total
+    """Training memory of one GPU: the sum of ``training_terms``."""
+    return sum(t.bytes for t in training_terms(arch, params, zero_stage, gpus, tokens_per_micro_batch,
+                                               logprob_chunk_tokens, precision=precision))
 
 
 @dataclass(frozen=True)
@@ -216,26 +280,33 @@ class MemoryTerm:
 
 def training_terms(
     arch: ModelArchitecture, params: int, zero_stage: int, gpus: int, tokens_per_micro_batch: int,
-    logprob_chunk_tokens: int = 0, *, states_knob: str = "",
+    logprob_chunk_tokens: int = 0, *, states_knob: str = "", precision: str = "bf16",
+    adam_scratch_bytes_per_param: int = ADAM_SCRATCH_BYTES_CUDA,
 ) -> tuple[MemoryTerm, ...]:
-    """The parts of ``train_bytes_per_gpu``: each state partitioned as its ZeRO stage does, the activations.
-    ``states_knob``: what shrinks the states where the GPU count is not a flag (a local run); default
-    the cluster's ``--train-gpus``."""
+    """The parts of ``train_bytes_per_gpu``: each state partitioned as its ZeRO stage does, the activations,
+    the optimizer step's transients beyond them. ``states_knob``: what shrinks the states where the GPU
+    count is not a flag (a local run); default the cluster's ``--train-gpus``. ``precision``:
+    ``train.precision``; ``adam_scratch_bytes_per_param``: ADAM_SCRATCH_BYTES_CPU for a rank on a CPU."""
     more_gpus = states_knob or "raise --train-gpus" + ("" if zero_stage == 3 else " or use train.zero_stage=3")
     shard = lambda per_param, partitioned: math.ceil(params * per_param / gpus) if partitioned else params * per_param  # noqa: E731
-    acts = activation_bytes(arch, tokens_per_micro_batch, logprob_chunk_tokens=logprob_chunk_tokens)
+    elements = precision_bytes(precision)
+    acts = activation_bytes(arch, tokens_per_micro_batch, bytes_per_element=elements.activations,
+                            logit_bytes_per_element=elements.logits, logprob_chunk_tokens=logprob_chunk_tokens)
+    step = optimizer_step_bytes(params, zero_stage, gpus, adam_scratch_bytes_per_param=adam_scratch_bytes_per_param)
     shorter = "lower rollout.max_response_tokens (the micro-batch is already 1 sample)"
     terms = [
-        MemoryTerm("weights", shard(BF16_BYTES, zero_stage == 3), more_gpus),
-        MemoryTerm("gradients", shard(4, zero_stage >= 2), more_gpus),
-        MemoryTerm("optimizer state", shard(12, True), more_gpus),
+        MemoryTerm("weights", shard(elements.weights, zero_stage == 3), more_gpus),
+        MemoryTerm("gradients", shard(GRAD_BYTES, zero_stage >= 2), more_gpus),
+        MemoryTerm("optimizer state", shard(OPTIMIZER_BYTES, True), more_gpus),
         MemoryTerm("activations: logits", acts.logits,
                    "lower train.logprob_chunk_tokens" if logprob_chunk_tokens else "set train.logprob_chunk_tokens=4096"),
         MemoryTerm("activations: layer inputs", acts.checkpoints, shorter),
         MemoryTerm("activations: one layer recomputed", acts.layer_working_set, shorter),
+        MemoryTerm("optimizer step transients", max(0, step.peak - acts.total), more_gpus),
     ]
     if zero_stage == 3:
-        terms.append(MemoryTerm("ZeRO-3 gather buffer", zero3_gather_bytes(arch, params), more_gpus))
+        terms.append(MemoryTerm("ZeRO-3 gather buffer", zero3_gather_bytes(arch, params, bytes_per_param=elements.weights),
+                                more_gpus))
     return tuple(terms)
 
 
@@ -375,6 +446,7 @@ def choose_train_gpus(
     max_nodes: int = 64,
     logprob_chunk_tokens: int = 0,
     train_gpus: int = 0,
+    precision: str = "bf16",
 ) -> int:
     """The fewest GPUs (whole nodes once past one node) whose per-GPU training memory fits; with
     ``train_gpus`` > 0 (``dapo deploy --train-gpus``) that count only. Raises PlanDoesNotFit.
@@ -390,9 +462,11 @@ def choose_train_gpus(
     else:
         candidates = [g for g in (1, 2, 4) if g < gpus_per_node] + [gpus_per_node * n for n in range(1, max_nodes + 1)]
     for gpus in candidates:
-        if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch, logprob_chunk_tokens) <= limit:
+        if train_bytes_per_gpu(arch, params, zero_stage, gpus, tokens_per_micro_batch, logprob_chunk_tokens,
+                               precision=precision) <= limit:
             return gpus
-    terms = training_terms(arch, params, zero_stage, candidates[-1], tokens_per_micro_batch, logprob_chunk_tokens)
+    terms = training_terms(arch, params, zero_stage, candidates[-1], tokens_per_micro_batch, logprob_chunk_tokens,
+                           precision=precision)
     raise refusal("training", terms, gpus=f"{candidates[-1]} GPU(s), ZeRO-{zero_stage}",
                   gpu_memory_bytes=gpu_memory_bytes, usable_bytes=limit)
 
@@ -423,7 +497,7 @@ class ClusterPlan:
     train_nproc_per_node: int
     train_state_per_gpu: int
     train_activations_per_gpu: int
-    train_total_per_gpu: int
+    train_total_per_gpu: int  # states + activations + the optimizer step beyond them (+ ZeRO-3 gather buffer)
     # as configured, for comparison (0 = not given)
     configured_train_processes: int
     configured_micro_batch_samples: int
@@ -431,6 +505,8 @@ class ClusterPlan:
     configured_tensor_parallel: int
     logprob_chunk_tokens: int = 0  # train.logprob_chunk_tokens the activations were sized with (0 = whole sequence)
     configured_activation_checkpointing: bool | None = None  # train.activation_checkpointing (None = not given)
+    precision: str = "bf16"  # train.precision the weights and activations were sized with
+    train_step_beyond_activations_per_gpu: int = 0  # the "optimizer step transients" term (training_terms)
     # what each pod asks of Kubernetes (rollout: one Ray worker per node; training: one elastic pod per node)
     rollout_pod: PodRequest = PodRequest(cpus=0, memory_gib=0, gpus=0)
     train_pod: PodRequest = PodRequest(cpus=0, memory_gib=0, gpus=0)
@@ -482,6 +558,7 @@ def plan_cluster(
     configured_tensor_parallel: int = 0,
     logprob_chunk_tokens: int = 0,
     configured_activation_checkpointing: bool | None = None,
+    precision: str = "bf16",
 ) -> ClusterPlan:
     """GPUs per stage for a run, each sized apart: engines x tensor parallel for rollout, nodes x GPUs
     for training, and the pod requests of both. Raises PlanDoesNotFit (one line) when either cannot fit.
@@ -498,7 +575,7 @@ def plan_cluster(
     train_gpus, micro = _plan_training(
         arch, params, zero_stage=zero_stage, micro_batch_samples=micro_batch_samples, tokens=tokens,
         gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
-        logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus,
+        logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus, precision=precision,
     )
     mb_tokens = micro * tokens
     engine = choose_tensor_parallel(
@@ -510,8 +587,10 @@ def plan_cluster(
     engines = configured_rollout_engines or max(1, (rollout_gpus or max(train_gpus, tp)) // tp)
     engines_per_node = gpus_per_node // tp
     train_per_node = min(train_gpus, gpus_per_node)
-    state = training_state_bytes_per_gpu(params, zero_stage, train_gpus)
-    acts = activation_bytes(arch, mb_tokens, logprob_chunk_tokens=logprob_chunk_tokens).total
+    terms = {t.name: t.bytes for t in training_terms(arch, params, zero_stage, train_gpus, mb_tokens,
+                                                     logprob_chunk_tokens, precision=precision)}
+    state = sum(terms[name] for name in STATE_TERMS)
+    acts = sum(size for name, size in terms.items() if name.startswith("activations"))
     return ClusterPlan(
         model=arch.name,
         params=params,
@@ -533,13 +612,15 @@ def plan_cluster(
         train_nproc_per_node=train_per_node,
         train_state_per_gpu=state,
         train_activations_per_gpu=acts,
-        train_total_per_gpu=train_bytes_per_gpu(arch, params, zero_stage, train_gpus, mb_tokens, logprob_chunk_tokens),
+        train_total_per_gpu=sum(terms.values()),
         configured_train_processes=configured_train_processes,
         configured_micro_batch_samples=micro_batch_samples,
         configured_rollout_engines=configured_rollout_engines,
         configured_tensor_parallel=configured_tensor_parallel,
         logprob_chunk_tokens=logprob_chunk_tokens,
         configured_activation_checkpointing=configured_activation_checkpointing,
+        precision=precision,
+        train_step_beyond_activations_per_gpu=terms["optimizer step transients"],
         rollout_pod=pod_request(gpus=min(engines, engines_per_node) * tp, host_bytes_per_gpu=engine.weights_per_gpu),
         train_pod=pod_request(gpus=train_per_node, host_bytes_per_gpu=train_host_bytes_per_rank(params, zero_stage, train_gpus),
                               host_bytes_per_pod=weight_bytes(params)),
@@ -549,6 +630,7 @@ def plan_cluster(
 def _plan_training(
     arch: ModelArchitecture, params: int, *, zero_stage: int, micro_batch_samples: int, tokens: int,
     gpu_memory_bytes: int, usable_fraction: float, gpus_per_node: int, logprob_chunk_tokens: int, train_gpus: int,
+    precision: str,
 ) -> tuple[int, int]:
     """``(training GPUs, samples per micro-batch)``: the configured micro-batch, else one sample."""
     # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
@@ -559,7 +641,7 @@ def _plan_training(
             gpus = choose_train_gpus(
                 arch, params, zero_stage=zero_stage, tokens_per_micro_batch=micro * tokens,
                 gpu_memory_bytes=gpu_memory_bytes, usable_fraction=usable_fraction, gpus_per_node=gpus_per_node,
-                logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus,
+                logprob_chunk_tokens=logprob_chunk_tokens, train_gpus=train_gpus, precision=precision,
             )
             return gpus, micro
         except PlanDoesNotFit:
@@ -599,6 +681,7 @@ class SharedGpuPlan:
     engine: EngineMemory  # the engine's share: weights, KV budget, full-length sequences
     rollout_terms: tuple[MemoryTerm, ...]
     train_terms: tuple[MemoryTerm, ...]
+    precision: str = "bf16"  # train.precision
 
     @property
     def rollout_bytes(self) -> int:
@@ -626,6 +709,7 @@ def plan_shared_gpu(
     engine_sleeps: bool,
     usable_fraction: float = 0.9,
     logprob_chunk_tokens: int = 0,
+    precision: str = "bf16",
 ) -> SharedGpuPlan:
     """The plan of a GPU shared by the vLLM engine and one of ``train_processes`` ranks (one rank per GPU,
     the engine on the first). Raises PlanDoesNotFit (one line: the phase, its biggest term, the knob) when
@@ -639,7 +723,7 @@ def plan_shared_gpu(
     partitions = zero_stage == 3 or train_processes == 1
     states_knob = "a GPU with more memory or a smaller model" + ("" if partitions else ", or train.zero_stage=3")
     training = training_terms(arch, params, zero_stage, train_processes, micro_batch_samples * tokens_per_sequence,
-                              logprob_chunk_tokens, states_knob=states_knob)
+                              logprob_chunk_tokens, states_knob=states_knob, precision=precision)
     runtime = MemoryTerm("training rank runtime", RANK_RUNTIME_BYTES, "none: one per rank")
     resident = (*[t for t in training if t.name in STATE_TERMS], runtime)
     awake_bytes = math.ceil(gpu_memory_utilization * gpu_memory_bytes)
@@ -674,7 +758,7 @@ def plan_shared_gpu(
         train_processes=train_processes, zero_stage=zero_stage, engine_sleeps=engine_sleeps,
         gpu_memory_utilization=gpu_memory_utilization, tokens_per_sequence=tokens_per_sequence,
         samples_per_prompt=samples_per_prompt, engine=engine,
-        rollout_terms=phases["during rollout"], train_terms=phases["while training"],
+        rollout_terms=phases["during rollout"], train_terms=phases["while training"], precision=precision,
     )
 
 
@@ -712,7 +796,8 @@ def format_shared_plan(plan: SharedGpuPlan) -> str:
     during = "engine asleep: vLLM sleep level 1" if plan.engine_sleeps else "engine awake: no sleep"
     return "\n".join([
         f"memory plan for {plan.model} ({plan.params / 1e9:.2f}B parameters) on one {plan.gpu_memory_bytes / GB:.0f} GB "
-        f"GPU shared by the vLLM engine and training rank 0 of {plan.train_processes} (ZeRO-{plan.zero_stage}), "
+        f"GPU shared by the vLLM engine and training rank 0 of {plan.train_processes} (ZeRO-{plan.zero_stage}, "
+        f"{plan.precision}), "
         f"{plan.usable_bytes / GB:.1f} GB usable:",
         f"  rollout : {plan.rollout_bytes / GB:.1f} GB = {_terms_line(plan.rollout_terms)}",
         f"  train   : {plan.train_bytes / GB:.1f} GB ({during}) = {_terms_line(plan.train_terms)}",
@@ -773,7 +858,8 @@ def sizing_tables_markdown(
         f"{_gb(acts.logits)} GB = {_gb(acts.total)} GB per GPU (logits of the whole sequence at once: "
         f"{_gb(whole.logits)} GB, total {_gb(whole.total)} GB).",
         "",
-        f"Training memory per GPU (GB): states + activations (+ ZeRO-3 gather buffer); "
+        f"Training memory per GPU (GB): states + activations, the optimizer step's transients beyond them "
+        f"and the ZeRO-3 gather buffer; "
         f"fits = at most 90% of {_gb(gpu_memory_bytes)} GB.",
         "",
         "| ZeRO | " + " | ".join(f"{g} GPUs" for g in gpu_counts) + " |",
@@ -818,10 +904,12 @@ def format_plan(plan: ClusterPlan) -> str:
         f"KV {_gb(plan.rollout_kv_per_sequence)} GB per {plan.tokens_per_sequence}-token sequence, "
         f"{plan.rollout_sequences_per_engine} full-length sequences per engine",
         f"  train   : ZeRO-{plan.zero_stage}, {plan.train_gpus} GPUs = {plan.train_nodes} node(s) x {plan.train_nproc_per_node} "
-        f"processes; per GPU {_gb(plan.train_state_per_gpu)} GB states + {_gb(plan.train_activations_per_gpu)} GB "
-        f"activations ({plan.tokens_per_micro_batch} tokens/micro-batch"
+        f"processes, {plan.precision}; per GPU {_gb(plan.train_state_per_gpu)} GB states + "
+        f"{_gb(plan.train_activations_per_gpu)} GB activations ({plan.tokens_per_micro_batch} tokens/micro-batch"
         + (f", log-probs in chunks of {plan.logprob_chunk_tokens}" if plan.logprob_chunk_tokens else "")
-        + f") = {_gb(plan.train_total_per_gpu)} GB",
+        + f") + {_gb(plan.train_step_beyond_activations_per_gpu)} GB optimizer step beyond them"
+        + (" + ZeRO-3 gather buffer" if plan.zero_stage == 3 else "")
+        + f" = {_gb(plan.train_total_per_gpu)} GB",
         f"  pods    : rollout {plan.rollout_nodes} x {_pod(plan.rollout_pod)}; train {plan.train_nodes} x "
         f"{_pod(plan.train_pod)} (host memory from the plan: infra/sizing.py)",
         "  cpu     : curate, score/filter, batch assembly, driver (no GPU)",

@@ -358,7 +358,7 @@ def shared_gpu_plan(config: RunConfig, gpu_memory_bytes: int) -> Any:
         gpu_memory_bytes=gpu_memory_bytes, gpu_memory_utilization=rollout.gpu_memory_utilization,
         # pipelined, the next step's rounds generate while the ranks train: the engine is awake then
         engine_sleeps=rollout.sleep_between_rounds and not config.run.pipelined,
-        logprob_chunk_tokens=train.logprob_chunk_tokens,
+        logprob_chunk_tokens=train.logprob_chunk_tokens, precision=train.precision,
     )
 
 

@@ -151,3 +151,12 @@ def test_pipelined_steps_count_the_engine_awake_while_the_ranks_train() -> None:
     assert synchronous.engine_sleeps and not pipelined.engine_sleeps
     assert any(t.name.startswith("vLLM engine awake") for t in pipelined.train_terms)
     assert not any(t.name.startswith("vLLM engine awake") for t in synchronous.train_terms)
+
+
+def test_the_plan_follows_train_precision(tmp_path: Path) -> None:
+    # fp32 weights and activations are twice bf16's: the printed plan must be fp32's (before: bf16's).
+    proc, _ = _dapo_run("--config", str(ONE_GPU), "--set", SOURCE, "--set", "train.precision=fp32", "--plan",
+                        "--gpu-memory-gb", "80", "--run-root", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    fp32 = _expected(80, "train.precision=fp32")
+    assert fp32 != _expected(80) and sizing.format_shared_plan(fp32) in proc.stdout

@@ -20,6 +20,10 @@ STATES = 988_065_536 + 1_976_131_072 + 5_928_393_216  # 8,892,589,824
 # one 4096-token micro-batch, log-probs in chunks of 1024: layer inputs 24 x 4096 x 896 x 2 = 176,160,768;
 # one layer recomputed 4096 x (4 x 896 + 3 x 4864) x 2 = 148,897,792; logits 1024 x 151,936 x 10 = 1,555,824,640
 ACTIVATIONS = 176_160_768 + 148_897_792 + 1_555_824_640  # 1,880,883,200
+# the optimizer step (issue 49), ZeRO-1 on one GPU: flat fp32 gradients 4 B/param + CUDA AdamW's sqrt(v) 4 B
+# - the module's gradients freed before the update 4 B = 4 B/param = 1,976,131,072 above the states; the
+# activations are released before it, so the term is what it needs beyond them: 95,247,872
+STEP_BEYOND_ACTIVATIONS = 1_976_131_072 - ACTIVATIONS  # 95,247,872
 
 
 def _plan(**changes: object) -> sizing.SharedGpuPlan:
@@ -36,9 +40,9 @@ def test_a_sleeping_engine_leaves_training_the_gpu_and_the_phases_add_up_by_hand
     # rollout: the ranks keep their states (activations released after a step) + a rank's runtime
     # 1 GB + the engine awake at 0.3 x 24 GB = 7.2 GB -> 8,892,589,824 + 1e9 + 7.2e9 = 17,092,589,824
     assert plan.rollout_bytes == STATES + sizing.RANK_RUNTIME_BYTES + 7_200_000_000 == 17_092_589_824
-    # train: states + activations + the rank's runtime + the engine asleep (1 GB: its CUDA context)
-    assert plan.train_bytes == STATES + ACTIVATIONS + sizing.RANK_RUNTIME_BYTES + sizing.ENGINE_ASLEEP_BYTES
-    assert plan.train_bytes == 12_773_473_024
+    # train: states + activations + the step beyond them + the rank's runtime + the engine asleep (1 GB)
+    assert plan.train_bytes == (STATES + ACTIVATIONS + STEP_BEYOND_ACTIVATIONS + sizing.RANK_RUNTIME_BYTES
+                                + sizing.ENGINE_ASLEEP_BYTES) == 12_868_720_896
     assert plan.peak_bytes == plan.rollout_bytes and plan.usable_bytes == int(0.9 * 24 * GB)
     # the engine's share: 7.2e9 - 988,065,536 weights - 3e9 workspace = 3,211,934,464 B of KV cache;
     # a 4096-token sequence is 4096 x 12,288 = 50,331,648 B -> 63 sequences at once (a group is 16)
@@ -55,13 +59,13 @@ def test_the_training_terms_are_sizing_training_terms() -> None:
 
 def test_without_sleep_the_engine_is_counted_awake_while_the_ranks_train() -> None:
     # 0.45 x 24 GB = 10.8 GB awake. Rollout 8.89 + 1 + 10.8 = 20.69 GB fits 21.6 GB usable, and so does
-    # training with the engine asleep (12.77 GB); awake it is 8.89 + 1.88 + 1 + 10.8 = 22.57 GB: refused.
+    # training with the engine asleep (12.87 GB); awake it is 8.89 + 1.98 + 1 + 10.8 = 22.67 GB: refused.
     assert _plan(gpu_memory_utilization=0.45).peak_bytes == STATES + sizing.RANK_RUNTIME_BYTES + 10_800_000_000
     with pytest.raises(sizing.PlanDoesNotFit) as err:
         _plan(gpu_memory_utilization=0.45, engine_sleeps=False)
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("shared GPU while training needs 22.6 GB per GPU at 1 GPU shared by the vLLM engine "
+    assert message.startswith("shared GPU while training needs 22.7 GB per GPU at 1 GPU shared by the vLLM engine "
                               "and 1 training rank(s) (vLLM engine awake (gpu_memory_utilization 0.45) 10.8 GB)")
     assert "on 24 GB GPUs, 21.6 GB usable" in message
     assert "rollout.sleep_between_rounds=true" in message and "run.pipelined=false" in message

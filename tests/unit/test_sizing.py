@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra import sizing
 from infra.sizing import GB, QWEN2_5_32B
@@ -230,3 +232,70 @@ def test_the_default_cluster_plan_holds_the_tiny_pods() -> None:
     assert (plan["rollout_pod_cpu"], plan["rollout_pod_memory"], plan["rollout_pod_gpus"]) == (str(pod.cpus), pod.memory, 1)
     assert (plan["train_pod_cpu"], plan["train_pod_memory"]) == (str(pod.cpus), pod.memory)
     assert (plan["rollout_head_cpu"], plan["rollout_head_memory"]) == (str(head.cpus), head.memory)
+
+
+# ----------------------------------------------------------------------------- issue 49: the optimizer step's transients
+
+
+def test_optimizer_step_transients_by_zero_stage_by_hand() -> None:
+    # 1000 params over 4 GPUs: a rank steps 250; flat fp32 gradients 4 x 250 = 1000 B, CUDA AdamW's sqrt(v) 1000 B.
+    # ZeRO-1 has freed the module's 4000 B of gradients by the update: peak max(1000, 2000 - 4000) = 1000.
+    # ZeRO-2/3 keep their gradient partition: 1000 + 1000 = 2000.
+    assert sizing.optimizer_step_bytes(1000, 1, 4) == sizing.OptimizerStep(1000, 1000, 4000)
+    assert [sizing.optimizer_step_bytes(1000, stage, 4).peak for stage in (1, 2, 3)] == [1000, 2000, 2000]
+    # one process on a CPU (the measured case): 4000 flat + 8000 scratch (sqrt(v) and its quotient) - 4000 freed
+    assert sizing.optimizer_step_bytes(1000, 1, 1, adam_scratch_bytes_per_param=8).peak == 8000
+    assert sizing.optimizer_step_bytes(1000, 1, 1).peak == 4000  # CUDA: max(4000, 4000 + 4000 - 4000)
+    # ZeRO-3 steps one sub-group of at most 1e9 elements: 32B over 16 GPUs is 2.05e9 a rank -> 1e9 x (4 + 4)
+    params = sizing.parameter_count(QWEN2_5_32B)
+    assert sizing.optimizer_step_bytes(params, 3, 16).peak == 8 * 10**9
+    assert sizing.optimizer_step_bytes(params, 3, 64).peak == 8 * -(-params // 64)
+
+
+def test_the_step_term_is_what_the_step_needs_beyond_the_released_activations() -> None:
+    # TOY, 1272 params, ZeRO-2 on one GPU: the step peaks 8 x 1272 = 10,176 B above the states; 3 tokens of
+    # activations (876 B) are released before it -> the term is 9,300. At 100 tokens (29,200 B) nothing is left.
+    terms = {t.name: t.bytes for t in sizing.training_terms(TOY, 1272, 2, 1, 3)}
+    assert terms["optimizer step transients"] == 10_176 - 876 == 9_300
+    assert sum(terms.values()) == sizing.train_bytes_per_gpu(TOY, 1272, 2, 1, 3) == 2544 + 5088 + 15264 + 10_176
+    big = {t.name: t.bytes for t in sizing.training_terms(TOY, 1272, 2, 1, 100)}
+    assert big["optimizer step transients"] == 0
+
+
+def test_fp32_precision_doubles_the_weights_and_activations() -> None:
+    # 3 tokens at fp32: checkpoints 2 x 3 x 8 x 4 = 192, one layer 3 x 80 x 4 = 960, logits 3 x 10 x 12 = 360
+    terms = {t.name: t.bytes for t in sizing.training_terms(TOY, 1272, 1, 1, 3, precision="fp32")}
+    assert terms["weights"] == 4 * 1272 and terms["gradients"] == 4 * 1272 and terms["optimizer state"] == 12 * 1272
+    assert (terms["activations: layer inputs"], terms["activations: one layer recomputed"],
+            terms["activations: logits"]) == (192, 960, 360)
+    with pytest.raises(ValueError, match="precision"):
+        sizing.training_terms(TOY, 1272, 1, 1, 3, precision="fp16")
+    # 32B, ZeRO-3 on 64 GPUs: the fp32 weights add 2 B/param / 64 = 1.02 GB a rank
+    bf16 = _paper_plan(QWEN2_5_32B, train_gpus=64)
+    fp32 = _paper_plan(QWEN2_5_32B, precision="fp32", train_gpus=64)
+    assert fp32.train_state_per_gpu - bf16.train_state_per_gpu == 2 * bf16.params // 64 == 1_023_871_136
+    assert fp32.precision == "fp32" and "fp32" in sizing.format_plan(fp32)
+
+
+def test_zero2_on_8_gpus_is_sized_by_its_optimizer_step() -> None:
+    # 32B, ZeRO-2, 8 GPUs: a rank steps 4.1e9 params: flat gradients 16.4 GB + sqrt(v) 16.4 GB = 32.8 GB,
+    # more than the 24.8 GB of activations released before it: the table counts 32.8, not 24.8
+    assert "| 2 | 131.1 + 32.8 = 163.8 (no) |" in sizing.sizing_tables_markdown(QWEN2_5_32B)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stage=st.sampled_from([1, 2, 3]), gpus=st.sampled_from([1, 2, 8, 64]), tokens=st.integers(1, 50_000),
+       chunk=st.sampled_from([0, 1024]), precision=st.sampled_from(["bf16", "fp32"]))
+def test_training_peaks_at_states_plus_the_larger_of_activations_and_the_step(
+        stage: int, gpus: int, tokens: int, chunk: int, precision: str) -> None:
+    """Property: the training terms add up to states + max(activations, the step's peak) (+ gather buffer)."""
+    arch = QWEN2_5_32B
+    params = sizing.parameter_count(arch)
+    terms = {t.name: t.bytes for t in sizing.training_terms(arch, params, stage, gpus, tokens, chunk, precision=precision)}
+    states = terms["weights"] + terms["gradients"] + terms["optimizer state"]
+    elements = sizing.precision_bytes(precision)
+    acts = sizing.activation_bytes(arch, tokens, bytes_per_element=elements.activations,
+                                   logit_bytes_per_element=elements.logits, logprob_chunk_tokens=chunk).total
+    step = sizing.optimizer_step_bytes(params, stage, gpus).peak
+    gather = sizing.zero3_gather_bytes(arch, params, bytes_per_param=elements.weights) if stage == 3 else 0
+    assert sum(terms.values()) == states + max(acts, step) + gather
