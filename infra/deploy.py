@@ -131,7 +131,7 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
         configured_rollout_engines=config.rollout.engines,
         configured_tensor_parallel=getattr(config.rollout, "tensor_parallel_size", 1),
         logprob_chunk_tokens=getattr(config.train, "logprob_chunk_tokens", 0),
-        precision=getattr(config.train, "precision", "bf16"),
+        precision=config.train.precision,
         configured_activation_checkpointing=getattr(config.train, "activation_checkpointing", None),
     )
     overrides.update(
