@@ -34,16 +34,13 @@ from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
     batch_sha256_of,
-    discard_published,
-    finished_result,
-    made_from,
     publish_step,
-    published_result,
+    reusable_step,
     train_code_version,
 )
 from engines.train_spec import DS_META_FILE, DS_STATE_DIR
 from settings.train import TrainConfig
-from storage import checkpoints, outputs, pruning, run_store
+from storage import checkpoints, outputs, run_store
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -316,15 +313,10 @@ def train_steps(
     t_start = time.perf_counter()
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
     batch_sha256 = batch_sha256_of([s for _, shards in steps for s in shards])
-    published = checkpoints.is_complete(out_dir)
-    if published and made_from(out_dir, config=config, batch_sha256=batch_sha256, code_version=train_code_version()):
-        return finished_result(out_dir, step=last_step, parent_id=parent.checkpoint_id)
-    # Only now, when it must train: a published step is reused above even if its parent was pruned
-    # since (its cache entry lost). Pruned weights went with the optimizer state. Refused before the
-    # published step is discarded: it stays for the code that made it.
-    pruning.require_weights(checkpoint_dir)
-    if published:
-        discard_published(out_dir, "published from another config, batch or train code")
+    reused = reusable_step(out_dir, parent=checkpoint_dir, step=last_step, config=config, batch_sha256=batch_sha256,
+                           code_version=train_code_version())
+    if reused is not None:
+        return reused
     batches_meta = _check_batches(steps, config, parent.step)
     if resume is None:
         resume = config.resume_optimizer and parent.produced_by == "train" and \
@@ -393,20 +385,19 @@ def train_step_in_store(
     vouch for, the step is refused (:func:`schedule_start`).
     """
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
-    parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
         with outputs.output(out_dir, folder=True):  # records the published folder's digests
-            return train_step(parent_local, shards, out_dir, step=step, config=config, resume=resume)
-    published = checkpoints.is_complete(out_dir)
+            return train_step(run_store.local_path(checkpoint_dir), shards, out_dir, step=step, config=config,
+                              resume=resume)
     # Uploaded before the task's result was recorded (killed in between): reuse it if it was made
-    # from these inputs by this train code.
-    if published and made_from(run_store.fetch(out_dir), config=config, batch_sha256=batch_sha256_of(shards),
-                               code_version=train_code_version()):
-        return published_result(out_dir, step=step, parent_id=checkpoints.read_info(parent_local).checkpoint_id)
-    pruning.require_weights(checkpoint_dir)  # the mirror copy has no pruned record; the store has
-    if published:
-        discard_published(out_dir, "published from another config, batch or train code")
+    # from these inputs by this train code, decided on the store's names (the mirror copies have no
+    # pruned record) before the parent is fetched: a reuse reads no weights or optimizer state.
+    reused = reusable_step(out_dir, parent=checkpoint_dir, step=step, config=config,
+                           batch_sha256=batch_sha256_of(shards), code_version=train_code_version())
+    if reused is not None:
+        return reused
+    parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     with outputs.output(out_dir, folder=True) as local:
         result = train_step(parent_local, shards, local, step=step, config=config, resume=resume)
     return dataclasses.replace(result, checkpoint_dir=out_dir)

@@ -8,7 +8,8 @@ weights, records what it was made from (config, batch sha256, the train stage's 
 optimizer resume) and publishes by rename (storage/checkpoints.py). A re-run of a step whose output
 is already published reuses it when :func:`made_from` says it came from the same config, batch and
 train code: training is not bit-reproducible across launches, so the published checkpoint stays the
-step's one result."""
+step's one result. :func:`reusable_step` is that decision, the one the local launch, the
+object-store task and the elastic ranks all make."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Any
 
 from infra import versioning
 from settings.train import TrainConfig
-from storage import checkpoints, digests, run_store
+from storage import checkpoints, digests, pruning, run_store
 
 METRICS_FILE = "train_metrics.parquet"  # the step's StepMetrics row, beside the weights
 TIMINGS_FILE = "train_timings.json"  # finer timings in seconds
@@ -175,11 +176,37 @@ def discard_published(out_dir: str | Path, why: str) -> None:
     digests.forget(str(out_dir))
 
 
+# What a reused step's result is read from: besides the marker (read by made_from), never its
+# weights or optimizer state (at paper scale 65.5 GB and 393 GB a step).
+RESULT_FILES = (METRICS_FILE, TIMINGS_FILE)
+
+
 def published_result(out_dir: str, *, step: int, parent_id: str) -> TrainStepResult:
-    """``finished_result`` of the checkpoint published at ``out_dir`` (a path or a URI, fetched
-    into the mirror), named as given."""
-    done = finished_result(run_store.fetch(out_dir), step=step, parent_id=parent_id)
+    """``finished_result`` of the checkpoint published at ``out_dir`` (a path, or a URI of which
+    only :data:`RESULT_FILES` and the marker are fetched into the mirror), named as given."""
+    done = finished_result(run_store.fetch(out_dir, only=RESULT_FILES), step=step, parent_id=parent_id)
     return dataclasses.replace(done, checkpoint_dir=str(out_dir))
+
+
+def reusable_step(out_dir: str | Path, *, parent: str | Path, step: int, config: TrainConfig, batch_sha256: str,
+                  code_version: str) -> TrainStepResult | None:
+    """The one decision whether the step published at ``out_dir`` (a path or a URI) is this step's
+    result: the local launch, the object-store task and rank 0 of an elastic job all call it.
+
+    Reused (its result returned) when it is complete and :func:`made_from` says it came from this
+    config, batch and train code; only its marker and :data:`RESULT_FILES` are read. Otherwise the
+    step must train, so the parent (``parent``, a path or a URI: the store holds its pruned record)
+    must still have its weights (``pruning.PrunedWeightsError`` otherwise, raised before anything is
+    discarded, so the published step stays for the code that made it); then a published folder is
+    discarded and None returned. A published step is reused even when its parent was pruned since.
+    """
+    published = checkpoints.is_complete(out_dir)
+    if published and made_from(out_dir, config=config, batch_sha256=batch_sha256, code_version=code_version):
+        return published_result(str(out_dir), step=step, parent_id=checkpoints.read_info(parent).checkpoint_id)
+    pruning.require_weights(parent)
+    if published:
+        discard_published(out_dir, "published from another config, batch or train code")
+    return None
 
 
 def publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], launch_s: float, *, staging: Path,

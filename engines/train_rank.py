@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +35,8 @@ from engines.train_publish import (
     TrainStepError,
     TrainStepResult,
     batch_sha256_of,
-    discard_published,
-    made_from,
     publish_step,
-    published_result,
+    reusable_step,
     train_code_version,
 )
 from engines.train_spec import DS_STATE_DIR, WorkerSpec
@@ -114,9 +112,7 @@ def _prepare_folders(job: _RankStep) -> None:
             folder.mkdir(parents=True)
         if job.remote:
             shutil.rmtree(job.out_dir, ignore_errors=True)
-    if job.rank == 0 and checkpoints.is_complete(job.out_uri):
-        # Published from other inputs or train code (every rank decided so before the rendezvous).
-        discard_published(job.out_uri, "published from another config, batch or train code")
+    # A step published from other inputs or train code was discarded by rank 0's decision.
     if job.remote and job.rank == 0:
         run_store.remove(job.out_uri)  # what a killed attempt uploaded (it has no marker)
 
@@ -174,6 +170,31 @@ def _run_and_publish(job: _RankStep, spec: WorkerSpec) -> TrainStepResult | None
     return _publish(job, t_launch)
 
 
+def _decided_by_rank_0(rank: int, world: int, decide: Callable[[], TrainStepResult | None]) -> TrainStepResult | None:
+    """What ``decide()`` returns on rank 0, on every rank: rank 0 alone decides (it reads the store
+    and may discard a published folder), and tells the others by a broadcast, so every rank takes
+    the same branch. An error rank 0 meets (a pruned parent) is raised on every rank, not left as a
+    hang of the others at their next collective. Joins the process group first (one rank: no)."""
+    import torch.distributed as dist
+
+    from engines.train_dist import init_process
+
+    if world == 1:
+        return decide()
+    init_process()
+    said: list[Any] = [None]
+    if rank == 0:
+        try:
+            said = [(decide(), None)]
+        except Exception as err:  # noqa: BLE001 - every rank raises it below
+            said = [(None, err)]
+    dist.broadcast_object_list(said, src=0)
+    decision, error = said[0]
+    if error is not None:
+        raise error
+    return decision
+
+
 def train_step_as_rank(
     checkpoint_dir: str | Path,
     scored_shards: Sequence[str | Path],
@@ -185,25 +206,41 @@ def train_step_as_rank(
     """This rank's part of one DAPO step; rank 0 publishes and returns the result, others None.
 
     Same update as ``engines.train_launch.train_step`` with ``num_processes`` = the elastic world size.
+    Whether a step published at ``out_dir`` is reused is rank 0's decision
+    (engines/train_publish.py: reusable_step, as on the local and object-store paths), made before
+    any rank fetches the parent: a reuse reads no weights or optimizer state.
     """
     import torch.distributed as dist
 
-    from engines.train_dist import init_process
-
     t_start = time.perf_counter()
     rank, world = _rank_and_world(config)
+    scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
+    try:
+        reused = _decided_by_rank_0(rank, world, lambda: reusable_step(
+            str(out_dir), parent=checkpoint_dir, step=step, config=config,
+            batch_sha256=batch_sha256_of(scored_shards), code_version=train_code_version()))
+        if reused is not None:
+            return reused if rank == 0 else None
+        return _train_as_rank(checkpoint_dir, scored_shards, str(out_dir), step=step, config=config, rank=rank,
+                              world=world, t_start=t_start)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_as_rank(checkpoint_dir: str | Path, scored_shards: list[str], out_uri: str, *, step: int,
+                   config: TrainConfig, rank: int, world: int, t_start: float) -> TrainStepResult | None:
+    """Train the step on this rank (nothing published there, or discarded by rank 0's decision)."""
+    from engines.train_dist import init_process
+
     # On an object store every node works in its own mirror (storage/run_store.py): the parent is
     # fetched once per node, and each node uploads its ranks' files before rank 0 adds the marker.
-    out_uri, remote = str(out_dir), run_store.is_remote(out_dir)
+    remote = run_store.is_remote(out_uri)
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     skip = parent_fetch_skip(resume=resume, other_ranks_state=_state_of_other_nodes(rank, world, local_rank))
     checkpoint_dir, out_dir = run_store.fetch(checkpoint_dir, skip=skip), run_store.local_path(out_uri)
-    scored_shards = run_store.fetch_all([str(s) for s in scored_shards])
     parent = checkpoints.read_info(checkpoint_dir)
-    if checkpoints.is_complete(out_uri) and made_from(out_uri, config=config, batch_sha256=batch_sha256_of(scored_shards),
-                                                     code_version=train_code_version()):
-        return published_result(out_uri, step=step, parent_id=parent.checkpoint_id) if rank == 0 else None
     batches_meta = _check_batches([(step, list(scored_shards))], config, parent.step)
     staging, work_dir = _shared_names(out_dir, step)
     spec = WorkerSpec.from_dict(
@@ -214,12 +251,11 @@ def train_step_as_rank(
     job = _RankStep(step=step, config=config, rank=rank, world=world, remote=remote, preparer=preparer,
                     out_uri=out_uri, out_dir=out_dir, staging=staging, work_dir=work_dir,
                     parent_id=parent.checkpoint_id, batches_meta=batches_meta, resume=resume, t_start=t_start)
-    init_process()
+    if world == 1:
+        init_process()  # a larger world joined it for rank 0's decision
     try:
         return _run_and_publish(job, spec)
     finally:
         if preparer:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(work_dir, ignore_errors=True)
-        if dist.is_initialized():
-            dist.destroy_process_group()

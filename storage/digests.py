@@ -166,15 +166,18 @@ def _actual_sha256(path: str) -> str:
         return _sha256_of(handle)
 
 
-def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str]:
+def check(path: str | os.PathLike[str], *, deep: bool | None = None, modified_only: bool = False) -> list[str]:
     """Problems of the output ``path`` against its record, one line per file (empty = intact).
 
     ``deep`` (default: True for a local path, False for a URI) hashes every file; otherwise
-    existence and sizes are compared.
+    existence and sizes are compared. ``modified_only`` (with ``deep``) hashes only the local files
+    modified since their record was written (:func:`modified_since_record`): the cheap check of a
+    resume, whose cost is one ``stat`` a file, not its bytes; ``dapo verify`` hashes them all.
     """
     path = str(path).rstrip("/")
     deep = not run_store.is_remote(path) if deep is None else deep
     rec = record_path(path)
+    recorded_at = _recorded_at_ns(path) if deep and modified_only else None
     if not run_store.exists(rec):
         if run_store.exists(path):
             return [f"{path}: no digest record ({rec}); its content cannot be verified"]
@@ -184,18 +187,51 @@ def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str
     except (ValueError, KeyError, TypeError) as err:
         return [f"{rec}: unreadable digest record: {err}"]
     parent, _ = _parent_and_name(path)
+    # A folder in an object store: its sizes from one listing, not two requests a file.
+    listed = run_store.folder_sizes(path) if run_store.is_remote(path) and any("/" in k for k in files) else None
     problems = []
     for key, want in files.items():
         target = run_store.join(parent, key)
-        if not run_store.exists(target):
+        size = _size_or_none(target, listed)
+        if size is None:
             problems.append(f"{target}: missing")
             continue
-        size = run_store.size(target)
         if size != want["bytes"]:
             problems.append(f"{target}: damaged ({size} bytes, {want['bytes']} recorded)")
-        elif deep and want.get("sha256") and _actual_sha256(target) != want["sha256"]:
+        elif (deep and want.get("sha256") and modified_since_record(target, recorded_at)
+              and _actual_sha256(target) != want["sha256"]):
             problems.append(f"{target}: damaged (sha256 differs from the recorded {want['sha256'][:16]}...)")
     return problems
+
+
+def _size_or_none(target: str, listed: dict[str, int] | None) -> int | None:
+    """The size of the file ``target`` (from ``listed``, a folder's listing, when given); None when it is missing."""
+    if listed is not None:
+        return listed.get(target)
+    return run_store.size(target) if run_store.exists(target) else None
+
+
+def _recorded_at_ns(path: str) -> int | None:
+    """When the local output ``path``'s digest record was written (its modification time, ns);
+    None for an object store or when it has none."""
+    stamp = record_stamp(path)
+    return stamp[2] if stamp is not None else None
+
+
+def modified_since_record(target: str, recorded_at_ns: int | None) -> bool:
+    """Whether the file ``target`` may hold other bytes than its record hashed: True unless it is a
+    local file last modified strictly before the record was written (``recorded_at_ns``; None:
+    unknown, so True). A record is written after its files were hashed, and any later write of a
+    file (a flip, a truncation, a copy over it) sets the file's modification time to that moment or
+    later. A file modified in the same clock tick as its record (file system times are coarse, ~ms)
+    counts as modified: git's rule for "racily clean" files. What this cannot see (a write that puts
+    the modification time back, bit rot) is for the deep check, ``dapo verify``."""
+    if recorded_at_ns is None or run_store.is_remote(target):
+        return True
+    try:
+        return run_store.local_path(target).stat().st_mtime_ns >= recorded_at_ns
+    except FileNotFoundError:
+        return True
 
 
 def record_stamp(path: str | os.PathLike[str]) -> tuple[int, int, int] | None:

@@ -106,15 +106,16 @@ def apply_retention(checkpoint_paths: Mapping[int, str], *, latest: int, keep_op
     return removed
 
 
-def check(path: str | os.PathLike[str], *, deep: bool | None = None) -> list[str]:
+def check(path: str | os.PathLike[str], *, deep: bool | None = None, modified_only: bool = False) -> list[str]:
     """``digests.check(path)`` without the "missing" lines of files the pruned record names."""
     path = str(path).rstrip("/")
     pruned = pruned_files(path)
+    problems = digests.check(path, deep=deep, modified_only=modified_only)
     if not pruned:
-        return digests.check(path, deep=deep)
+        return problems
     parent, _ = digests._parent_and_name(path)
     expected = {f"{run_store.join(parent, key)}: missing" for key in pruned}
-    return [problem for problem in digests.check(path, deep=deep) if problem not in expected]
+    return [problem for problem in problems if problem not in expected]
 
 
 def describe_pruned(path: str | os.PathLike[str]) -> str | None:

@@ -149,6 +149,16 @@ def folder_files(uri: str) -> list[str]:
     return _find(uri.rstrip("/"))
 
 
+def folder_sizes(uri: str) -> dict[str, int]:
+    """``{URI: bytes}`` of every object under the object-store folder ``uri``, from one listing
+    (a request a thousand objects, not one a file: storage/digests.py: check of a checkpoint)."""
+    scheme = scheme_of(uri)
+    assert scheme is not None, uri
+    prefix = uri.rstrip("/") + "/"
+    found = _fs(uri).find(prefix, detail=True)
+    return {u: int(info["size"]) for key, info in found.items() if (u := _uri(scheme, key)).startswith(prefix)}
+
+
 def size(path: str | os.PathLike[str]) -> int:
     """The size in bytes of the file at ``path``."""
     if not is_remote(path):
@@ -348,7 +358,7 @@ def _skipped(rel: str, skip: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(rel, pattern) for pattern in skip)
 
 
-def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
+def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = (), only: Sequence[str] | None = None) -> Path:
     """A local copy of the file or folder at ``path`` (the path itself when it is local).
 
     A folder with a marker (a checkpoint) is downloaded only when the mirror's marker differs
@@ -363,6 +373,10 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
     names a partial copy lacks are noted beside it; a later fetch of the same checkpoint that
     needs some of them adds just those to the copy, each file renamed into place, and never
     removes a file another reader on the node may be reading.
+
+    ``only``: patterns of the only files of a folder the caller reads (besides the marker): a
+    re-run's reuse check of a published train step reads its StepMetrics row and timings, not its
+    weights or optimizer state (engines/train_publish.py: published_result).
     """
     if not is_remote(path):
         return local_path(path)
@@ -384,7 +398,8 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = ()) -> Path:
         mirrored = local / FOLDER_MARKER
         prefix = uri + "/"
         names = {k[len(prefix):]: k for k in keys}
-        wanted = {rel for rel in names if rel == FOLDER_MARKER or not _skipped(rel, skip)}
+        wanted = {rel for rel in names if rel == FOLDER_MARKER
+                  or (not _skipped(rel, skip) and (only is None or _skipped(rel, only)))}
         if (marker_uri in keys and mirrored.is_file() and mirrored.read_bytes() == read_bytes(marker_uri)
                 and not _old_skip_note(local).exists()):
             missing = _missing(local)  # this checkpoint is here: add what the caller reads and it lacks

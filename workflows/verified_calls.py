@@ -10,8 +10,11 @@ on the laptop and on a cluster alike, and its result is cached under that key: e
 (a resume) computes the same key and returns the re-made result, never the first one, which the
 cache still holds under the old key. The re-made outputs land at the same paths with fresh
 records. What cannot be re-made is an error naming the files.
-What a cache hit points to is hashed again; an output the call itself just wrote is checked by
-size only, since its bytes were hashed into its digest record as they were written.
+What a cache hit points to is checked by presence and size, and a local file modified since its
+digest record was written is hashed again (storage/digests.py: modified_since_record): a resume
+costs a ``stat`` a file, not a re-hash of every checkpoint of the run (``dapo verify`` is the deep
+check); an output the call itself just wrote is checked by size only, since its bytes were hashed
+into its digest record as they were written.
 Files the retention policy pruned (storage/pruning.py) are not missing: a pruned checkpoint's
 cached call stays a cache hit.
 """
@@ -34,10 +37,11 @@ def damaged_outputs(outputs: Sequence[str], *, just_made: Collection[str] = ()) 
 
     Outputs in ``just_made`` were written by the call being checked, which hashed their bytes as
     it wrote them into their digest records: their files' presence and sizes are checked, not
-    their sha256 again (the checkpoint's ~16 MB a step). Any other local output is hashed.
+    their sha256 again (the checkpoint's ~16 MB a step). Of any other local output, the files
+    modified since their record was written are hashed, the rest checked by presence and size.
     """
     return [problem for path in outputs
-            for problem in pruning.check(path, deep=False if path in just_made else None)]
+            for problem in pruning.check(path, deep=False if path in just_made else None, modified_only=True)]
 
 
 async def call_verified(task: Any, outputs: Sequence[str], *args: Any, upstream: Sequence[str] = ()) -> Any:

@@ -141,10 +141,24 @@ def test_what_a_call_just_wrote_is_not_hashed_again_and_what_a_cache_hit_points_
     monkeypatch.setattr(digests, "_actual_sha256", lambda path: (hashed.append(path), actual(path))[1])
     asyncio.run(call_verified(task, [ckpt], ckpt))
     assert task.body_runs == 1 and hashed == []  # its record was written from the bytes just hashed
-    asyncio.run(call_verified(task, [ckpt], ckpt))  # a cache hit: the old record, the files hashed
+    asyncio.run(call_verified(task, [ckpt], ckpt))  # a cache hit: the old record, its files not modified since
     assert task.body_runs == 1
-    assert sorted(hashed) == ([] if run_store.is_remote(root) else sorted(
-        run_store.join(ckpt, name) for name in ("dapo_checkpoint.json", "model.safetensors")))
+    # A cache hit hashes only the local files modified since their record was written (the same clock
+    # tick counts: storage/digests.py: modified_since_record); sizes are compared for all.
+    weights = run_store.join(ckpt, "model.safetensors")
+    if not run_store.is_remote(root):
+        import os
+
+        recorded_at = Path(digests.record_path(ckpt)).stat().st_mtime_ns
+        for name in ("dapo_checkpoint.json", "model.safetensors"):
+            os.utime(run_store.join(ckpt, name), ns=(recorded_at - 10**9, recorded_at - 10**9))
+        hashed.clear()
+        asyncio.run(call_verified(task, [ckpt], ckpt))
+        assert hashed == []
+        os.utime(weights, ns=(recorded_at, recorded_at))  # written again, in the record's tick
+    asyncio.run(call_verified(task, [ckpt], ckpt))
+    assert task.body_runs == 1
+    assert hashed == ([] if run_store.is_remote(root) else [weights])
 
 
 def test_an_output_that_cannot_be_made_again_is_an_error_naming_it(root: str) -> None:

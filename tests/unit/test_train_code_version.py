@@ -144,5 +144,8 @@ def test_an_elastic_rank_reuses_only_a_step_published_by_this_train_code(
         result = train_rank.train_step_as_rank(parent, [batch], out, step=4, config=CONFIG)
         assert result is not None and result.checkpoint_id == "train-0004-abc"
     else:
-        with pytest.raises(_Trains):
+        # Not reused, and its pruned parent cannot train it again: refused as on the local path
+        # (engines/train_publish.py: reusable_step), the published step kept for the code that made it.
+        with pytest.raises(pruning.PrunedWeightsError, match="step-0003"):
             train_rank.train_step_as_rank(parent, [batch], out, step=4, config=CONFIG)
+        assert checkpoints.read_info(out).inputs["train_code_version"] == OTHER_CODE
