@@ -22,15 +22,21 @@ def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int
     """Flyte task: one training step; returns the published checkpoint (its metrics row inside it).
 
     Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and
-    is the worker itself (engines/train_rank.py); otherwise it launches its own torchrun.
+    is the worker itself (engines/train_rank.py). Otherwise, when the deployment plan trains on
+    several nodes, it starts their elastic agents here, each running that same rank body
+    (engines/train_nodes.py); else it launches its own torchrun.
     """
+    from engines.train_nodes import planned_nodes, train_step_on_nodes
     from engines.train_rank import running_as_elastic_rank, train_step_as_rank
 
+    layout = planned_nodes()
     if running_as_elastic_rank():
         ranked = train_step_as_rank(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
         if ranked is None:
             return TrainedStep("", "", step)  # not rank 0: the plugin returns rank 0's output
         result = ranked
+    elif layout.nodes > 1:
+        result = train_step_on_nodes(checkpoint_dir, scored_shards, out_dir, step=step, config=config, layout=layout)
     else:
         result = train_step_in_store(checkpoint_dir, scored_shards, out_dir, step=step, config=config)
     return TrainedStep(result.checkpoint_dir, result.metrics["checkpoint_id"], step)

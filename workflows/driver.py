@@ -32,6 +32,7 @@ from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, wa
 from engines.rollout import check_prompt_lengths, manifest_path
 from engines.scoring import ScoreStats
 from engines.train_launch import start_workers
+from engines.train_nodes import planned_nodes
 from engines.train_publish import METRICS_FILE
 from engines.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
@@ -330,7 +331,8 @@ def start_workers_early(cfg: RunConfig, layout: RunLayout) -> None:
     ctx = flyte.ctx()
     if ctx is None or ctx.mode != "local" or cfg.run.steps == 0 or checkpoints.is_complete(layout.checkpoint(cfg.run.steps)):
         return
-    start_workers(cfg.train)
+    if planned_nodes().nodes == 1:  # else the train task starts the nodes' own agents (engines/train_nodes.py)
+        start_workers(cfg.train)
     start_verifier_pool(cfg.score.reward_workers or None)
 
 
