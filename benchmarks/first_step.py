@@ -4,8 +4,8 @@ DeepSpeed's CPU communication backend used to JIT-compile its ``deepspeed_shm_co
 ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) the first time a rank joined the
 process group; on a fresh machine that compile was charged to the first training step. This
 script points ``TORCH_EXTENSIONS_DIR`` at a new empty temporary folder (the shared cache is never
-touched), runs one warm step of the tiny policy (engines/train_launch.py: the step starts the
-worker group, engines/train_server.py), and reports the step's wall time, the engine-load part,
+touched), runs one warm step of the tiny policy (engines/train/launch.py: the step starts the
+worker group, engines/train/server.py), and reports the step's wall time, the engine-load part,
 and what the extensions folder holds afterwards (an empty folder: nothing was compiled).
 
     .venv/bin/python benchmarks/first_step.py [--processes 1] [--label after]
@@ -34,9 +34,9 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from train_step import make_batch  # noqa: E402
 
-from engines import train_server  # noqa: E402
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_launch import train_step  # noqa: E402
+from engines.train import server as train_server  # noqa: E402
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.launch import train_step  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 
 

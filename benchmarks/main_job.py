@@ -61,7 +61,7 @@ from storage.run_layout import RunLayout  # noqa: E402
 
 def _dapo() -> list[str]:
     script = REPO / ".venv" / "bin" / "dapo"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "workflows.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "cli.main"]
 
 
 def _fresh_caches(root: Path) -> dict[str, str]:

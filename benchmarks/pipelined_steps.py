@@ -46,11 +46,11 @@ def _load() -> list[float]:
 
 def _dapo_run(config: str, sets: list[str], run_root: Path, log: Path, threads: str | None = None) -> float:
     """``dapo run`` in a child process (its own engines and thread counts); returns its wall seconds."""
-    args = [sys.executable, "-m", "workflows.cli", "run", "--config", config, "--run-root", str(run_root)]
+    args = [sys.executable, "-m", "cli.main", "run", "--config", config, "--run-root", str(run_root)]
     for item in sets:
         args += ["--set", item]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.pop("OMP_NUM_THREADS", None)  # each mode picks its own thread counts (engines/threads.py)
+    env.pop("OMP_NUM_THREADS", None)  # each mode picks its own thread counts (engines/runtime/threads.py)
     if threads is not None:
         env["OMP_NUM_THREADS"] = threads
     started = time.perf_counter()

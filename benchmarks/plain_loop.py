@@ -1,6 +1,6 @@
 """A plain in-process DAPO loop: the reference the pipeline's per-step learning is compared with.
 
-No Flyte, no DeepSpeed, no shards: vLLM rollouts (engines/rollout.py, the pipeline's sampling
+No Flyte, no DeepSpeed, no shards: vLLM rollouts (engines/rollout/stage.py, the pipeline's sampling
 code), the pipeline's reward (dapo_core/rewards.py r2 + the eq. 13 soft overlong penalty), group
 advantages (eq. 9), dynamic sampling (first ``--groups`` informative groups of ``--prompts``
 drawn, sec. 3.2), and the eq. 10 loss (dapo_core/losses.py, token-mean over each mini-batch),
@@ -43,9 +43,9 @@ from dapo_core.advantages import group_advantages  # noqa: E402
 from dapo_core.losses import policy_loss  # noqa: E402
 from dapo_core.overlong import soft_overlong_penalty  # noqa: E402
 from dapo_core.rewards import score_responses  # noqa: E402
-from engines import train_batch as tb  # noqa: E402
-from engines.rollout import generate_rollouts  # noqa: E402
-from engines.train_engine import forward_log_probs  # noqa: E402
+from engines.train import batch as tb  # noqa: E402
+from engines.rollout.stage import generate_rollouts  # noqa: E402
+from engines.train.engine import forward_log_probs  # noqa: E402
 from settings.rollout import RolloutConfig  # noqa: E402
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
@@ -56,7 +56,7 @@ def _problems(folder: Path, split: str) -> list[dict]:
 
 
 def _publish(model, tokenizer, out_dir: Path, step: int) -> Path:
-    from engines.tiny_policy import save_checkpoint
+    from engines.bootstrap.tiny_policy import save_checkpoint
 
     return save_checkpoint(model, tokenizer, out_dir, step=step, produced_by="plain", parent_checkpoint_id=None,
                            inputs={"plain_loop": step})

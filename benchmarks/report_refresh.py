@@ -1,7 +1,7 @@
 """What one refresh of the run page costs, the redraw the driver does after every training step.
 
 Builds the page (nine SVG charts, the tables, the headline) exactly as the driver does
-(workflows/report.py: write_report) from synthetic run data of N steps (tests/report_data.py:
+(reports/run.py: write_report) from synthetic run data of N steps (tests/report_data.py:
 realistic values and shapes) with the status "running", and times it several times per size.
 With ``--run-dir`` it also reads that run's measured step times and prints the refresh as a
 share of a step (both measured on this machine). Target: at most 0.3 s per step on the tiny
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.report_data import run_data  # noqa: E402
-from workflows.report import write_report  # noqa: E402
+from reports.run import write_report  # noqa: E402
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 

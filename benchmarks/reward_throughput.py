@@ -1,5 +1,5 @@
 """Benchmark: rule-reward verdicts per second (dapo_core.rewards.score_responses on the pipeline's
-verifier pool, engines/verifier_pool.py).
+verifier pool, engines/score/verifier_pool.py).
 
 Three workloads, each scored with 1 and 2 worker processes on a warm pool:
 
@@ -31,7 +31,7 @@ from dapo_core.rewards import (
     score_responses,
     summarize_verdicts,
 )
-from engines.verifier_pool import process_judge, shutdown_verifier_pool
+from engines.score.verifier_pool import process_judge, shutdown_verifier_pool
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
 REPO = Path(__file__).resolve().parents[1]

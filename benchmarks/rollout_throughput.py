@@ -10,7 +10,7 @@ threads: run after it, transformers slows down by an order of magnitude); then v
 sampling modes, one of each per repeat, so that the modes see about the same load (the load
 average is recorded per measurement):
 
-* ``pipeline``: exactly what engines/rollout.py asks for: one request per sample (``n=1``) with
+* ``pipeline``: exactly what engines/rollout/stage.py asks for: one request per sample (``n=1``) with
   its own seed and ``logprobs=0`` (the sampled token's log-prob, in vLLM's flat lists), no
   detokenizing in the engine, and the texts decoded in one batch afterwards (inside the timing);
 * ``detok``: the pipeline's earlier mode: the same requests with vLLM detokenizing (which also
@@ -56,7 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from engines import rollout, tiny_policy, vllm_engine
+from engines.rollout import stage as rollout, vllm_engine
+from engines.bootstrap import tiny_policy
 
 
 MODES = ("pipeline", "detok", "seeds", "logprobs", "plain")
@@ -149,7 +150,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
         common = dict(temperature=1.0, max_tokens=args.tokens, ignore_eos=True)
         if mode == "plain":
             return prompt_ids, [SamplingParams(n=args.samples, **common) for _ in prompt_ids]
-        # As engines/rollout.py: one request per sample, each with its own seed (output independent
+        # As engines/rollout/stage.py: one request per sample, each with its own seed (output independent
         # of batching and engine count) and/or the sampled token's log-prob.
         ids = [p for p in prompt_ids for _ in range(args.samples)]
         if mode == "pipeline":
@@ -163,7 +164,7 @@ def _compare(args: argparse.Namespace, work: Path) -> int:
         llm.generate([{"prompt_token_ids": p} for p in ids[:2]], sp[:2], use_tqdm=False)  # warm-up
         started = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in ids], sp, use_tqdm=False)
-        if mode == "pipeline":  # the rollout decodes the texts itself (engines/rollout.generate_part)
+        if mode == "pipeline":  # the rollout decodes the texts itself (engines/rollout/stage.generate_part)
             rollout.response_texts(llm.get_tokenizer(), [list(o.outputs[0].token_ids) for o in outs])
         return time.perf_counter() - started, sum(len(c.token_ids) for o in outs for c in o.outputs)
 

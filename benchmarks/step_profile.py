@@ -36,14 +36,14 @@ sys.path.insert(0, str(REPO))
 # (span, predicate on "file:function" frames), matched innermost frame first: the first frame
 # (from the leaf up) that matches any span charges the sample to that span.
 SPANS: list[tuple[str, tuple[str, ...]]] = [
-    ("generation (vLLM)", ("vllm/", "engines/vllm_engine.py:generate", "engines/rollout.py:_generate")),
-    ("train: waiting on workers", ("engines/train_server.py:", "engines/train_launch.py:_wait")),
+    ("generation (vLLM)", ("vllm/", "engines/rollout/vllm_engine.py:generate", "engines/rollout/stage.py:_generate")),
+    ("train: waiting on workers", ("engines/train/server.py:", "engines/train/launch.py:_wait")),
     ("pandera validation", ("pandera/",)),
     ("parquet read/write", ("pyarrow/parquet", "schemas/shards.py:write_shard", "schemas/shards.py:read_shard")),
     ("digests (sha256, records)", ("storage/digests.py:",)),
-    ("reward verdicts (pool)", ("engines/verifier_pool.py:", "dapo_core/rewards.py:")),
-    ("checkpoint publish/copy", ("storage/checkpoints.py:", "engines/train_publish.py:")),
-    ("report refresh", ("workflows/report.py:", "workflows/svg_charts.py:")),
+    ("reward verdicts (pool)", ("engines/score/verifier_pool.py:", "dapo_core/rewards.py:")),
+    ("checkpoint publish/copy", ("storage/checkpoints.py:", "engines/train/publish.py:")),
+    ("report refresh", ("reports/run.py:", "reports/svg_charts.py:")),
     ("tracking", ("tracking/",)),
     ("retention", ("storage/pruning.py:", "storage/retention_policy.py:")),
     ("Flyte bookkeeping", ("flyte/", "flyte_", "grpc/", "google/protobuf", "sqlite3", "aiosqlite", "obstore")),
@@ -54,8 +54,8 @@ SPANS: list[tuple[str, tuple[str, ...]]] = [
 # weight reload and the prompts' tokenisation run inside vLLM's and transformers' own frames,
 # which the pass above would charge to generation.
 ENCLOSING_SPANS: list[tuple[str, tuple[str, ...]]] = [
-    ("vLLM weight reload", ("engines/vllm_engine.py:reload_weights",)),
-    ("prompt tokenisation", ("engines/rollout.py:tokenize_prompts",)),
+    ("vLLM weight reload", ("engines/rollout/vllm_engine.py:reload_weights",)),
+    ("prompt tokenisation", ("engines/rollout/stage.py:tokenize_prompts",)),
 ]
 
 
@@ -136,7 +136,8 @@ def main() -> int:
     parser.add_argument("--run-root", help="default: a new temporary folder")
     args = parser.parse_args()
 
-    from workflows import cli, progress
+    from cli import main as cli
+    from workflows import progress
 
     ends: list[float] = []
     original = progress.step_done

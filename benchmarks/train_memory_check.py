@@ -1,15 +1,15 @@
 """The training memory plan (infra/sizing.py) against one measured figure: a real-shaped train step's peak RSS.
 
-One DAPO train step (engines/train_launch.train_step, one torchrun rank, DeepSpeed ZeRO-1, fp32,
+One DAPO train step (engines/train/launch.train_step, one torchrun rank, DeepSpeed ZeRO-1, fp32,
 activation checkpointing) of a model of a carried config.json's shape (default: Qwen2.5-0.5B,
 tests/data/model_configs) with random weights, on a short batch (``--samples`` sequences of
 ``--tokens`` tokens, one micro-batch). Each phase runs in a fresh process:
 
 - ``build``: the step-0 checkpoint (random fp32 weights of that shape, the tiny tokenizer);
-- ``baseline``: the rank's imports (engines.train_worker, transformers' model classes, DeepSpeed),
+- ``baseline``: the rank's imports (engines.train.worker, transformers' model classes, DeepSpeed),
   then its peak RSS (``VmHWM``): what the rank holds before it loads any weight;
 - ``step``: ``train_step`` with a cold launch; the rank is a grandchild of this process (torchrun's
-  agent in between: engines/train_dist.py), and once both are waited for, ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the peak RSS
+  agent in between: engines/train/dist.py), and once both are waited for, ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` is the peak RSS
   of the largest of them (Linux keeps the maximum over waited-for descendants): the rank's. A sampler
   also reads the descendants' ``VmHWM`` twice a second, as a cross-check, and their ``VmRSS`` (a trace:
   where in the step the peak falls; the step's timings give its phases' lengths).
@@ -149,7 +149,7 @@ def phase_build(config_dir: Path, layers: int, out: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from engines.tiny_policy import build_tokenizer, save_checkpoint
+    from engines.bootstrap.tiny_policy import build_tokenizer, save_checkpoint
 
     torch.set_flush_denormal(True)
     tokenizer = build_tokenizer()
@@ -172,10 +172,10 @@ def phase_baseline() -> dict[str, Any]:
     import importlib
 
     import deepspeed  # noqa: F401
-    import engines.train_worker as worker
+    import engines.train.worker as worker
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
 
-    from engines import train_engine, train_step  # noqa: F401
+    from engines.train import engine as train_engine, step as train_step  # noqa: F401
 
     for name in worker._PRELOADED:
         importlib.import_module(name)
@@ -200,7 +200,7 @@ def _write_batch(path: Path, *, samples: int, tokens: int, vocab: int) -> Path:
 
 def phase_step(checkpoint: Path, work: Path, *, samples: int, tokens: int, vocab: int) -> dict[str, Any]:
     """One cold-launched train step; the rank's peak RSS from this process's waited-for descendants."""
-    from engines.train_launch import train_step
+    from engines.train.launch import train_step
     from settings.train import TrainConfig
 
     batch = _write_batch(work / "batch.parquet", samples=samples, tokens=tokens, vocab=vocab)

@@ -1,6 +1,6 @@
-"""Benchmark DAPO training steps (engines/train_launch.py), cold vs warm: per-step time and where it goes.
+"""Benchmark DAPO training steps (engines/train/launch.py), cold vs warm: per-step time and where it goes.
 
-Builds the tiny default policy (random weights, engines/tiny_policy.py) and ScoredRollout batches
+Builds the tiny default policy (random weights, engines/bootstrap/tiny_policy.py) and ScoredRollout batches
 shaped like the tiny pipeline's (prompts x G samples, synthetic token ids), then runs ``--steps``
 consecutive steps (each from the previous published checkpoint, as the pipeline does) for each
 process count, twice: **cold** (``keep_workers_warm=False``: one torchrun launch per step) and
@@ -37,10 +37,10 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from train_fixtures import scored_row, write_scored  # noqa: E402
 
-from engines import train_server
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_launch import train_step
-from engines.train_publish import TrainStepResult
+from engines.train import server as train_server
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.launch import train_step
+from engines.train.publish import TrainStepResult
 from settings.train import TrainConfig  # noqa: E402
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
 
@@ -150,7 +150,7 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "omp_num_threads_per_process": args.threads_per_process,
                     "load_average_1min_before_after": [load_before[0], os.getloadavg()[0]]},
-        "model": "tiny Qwen2, 3 layers, hidden 128 (engines/tiny_policy.py defaults), fp32 weights",
+        "model": "tiny Qwen2, 3 layers, hidden 128 (engines/bootstrap/tiny_policy.py defaults), fp32 weights",
         "steady_state": summary,
         "results": results,
     }

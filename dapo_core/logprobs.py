@@ -21,7 +21,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 # hidden [b, n, H] -> logits [b, n, V]: all the model's forward does after its last norm (lm_head, then any
-# logit post-processing such as Gemma's soft-capping; engines/train_engine.py: logit_head).
+# logit post-processing such as Gemma's soft-capping; engines/train/engine.py: logit_head).
 Head = Callable[[torch.Tensor], torch.Tensor]
 
 

@@ -26,7 +26,7 @@ Where a verdict runs is the caller's choice (`score_responses(..., judge=...)`):
 (answer, gold) items and a per-item limit and returns one `Outcome` each. The default judges in
 this process, one item at a time under a SIGALRM deadline, which only a process's main thread
 can use and which cannot stop a runaway inside C code. The pipeline passes
-`engines.verifier_pool.process_judge()`: worker processes that are killed and replaced when an
+`engines.score.verifier_pool.process_judge()`: worker processes that are killed and replaced when an
 item overruns. This module stays pure: no processes, no threads, no I/O.
 
 Version rule: bump `_RULE_REVISION` whenever a change can alter any verdict (extraction,
@@ -310,13 +310,13 @@ def judge_here(items: Sequence[tuple[str, str]], timeout_s: float) -> list[Outco
     """The default `Judge`: each item in this process, in turn, under a SIGALRM deadline.
 
     Only the main thread can take signals; from any other thread pass
-    `judge=engines.verifier_pool.process_judge()`. A runaway inside C code (a huge integer power)
+    `judge=engines.score.verifier_pool.process_judge()`. A runaway inside C code (a huge integer power)
     holds the signal until it returns; the process pool kills such a worker instead.
     """
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(
             "judging in this process needs the main thread (its deadline is a SIGALRM); from another "
-            "thread pass judge=engines.verifier_pool.process_judge() to score_responses"
+            "thread pass judge=engines.score.verifier_pool.process_judge() to score_responses"
         )
 
     def on_alarm(signum: int, frame: object) -> None:
@@ -372,7 +372,7 @@ def score_responses(
         timeout_s: Wall-clock limit per verdict; an overrun is a "timeout" verdict with reward -1.
         judge: Where the verdicts that need math-verify run (see `Judge`); None judges them in
             this process under SIGALRM deadlines (main thread only). The pipeline passes
-            `engines.verifier_pool.process_judge()` (killable worker processes).
+            `engines.score.verifier_pool.process_judge()` (killable worker processes).
         integer_fast_path: Judge plain-integer answers against integer golds exactly in this
             process ("34" vs 34) instead of through math-verify. Same verdicts, ~100x cheaper;
             off only to measure math-verify itself.

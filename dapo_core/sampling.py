@@ -15,7 +15,7 @@ the step updates, so they are off-policy. The driver records each kept group's l
 (between generation and training, workflows/step_loop.py); surplus is always smaller than one
 round, so that lag is at most ``1 + (prompts_per_round - 2) // target_groups`` steps. Nothing here
 corrects for it: the trainer does, per sample from its recorded ``policy_version`` and rollout
-log-probs (decoupled PPO behaviour weights, dapo_core/correction.py; engines/train_step.py).
+log-probs (decoupled PPO behaviour weights, dapo_core/correction.py; engines/train/step.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The DeepSpeed config dict of one training step, built from plain scalars.
 
-The training worker (engines/train_engine.py: build_engine) passes this dict to ``deepspeed.initialize``. It
+The training worker (engines/train/engine.py: build_engine) passes this dict to ``deepspeed.initialize``. It
 fixes the choices that matter for a DAPO step:
 
 - ZeRO stage 1, 2 or 3 (optimizer states / + gradients / + parameters partitioned over ranks);
@@ -10,12 +10,12 @@ fixes the choices that matter for a DAPO step:
 - gradient-norm clipping.
 
 The learning-rate warm-up is not DeepSpeed's ``WarmupLR`` (its linear form runs the first two
-updates at lr 0): the worker passes its own schedule (``engines/train_engine.py:
+updates at lr 0): the worker passes its own schedule (``engines/train/engine.py:
 warmup_lr_factor``), which DeepSpeed saves and restores with the optimizer state.
 
 Gradient scaling is NOT configured here: the worker scales each micro-batch loss so that the
 gradient DeepSpeed ends up with is exactly the gradient of the mini-batch's token-mean loss
-(see ``engines/train_step.py: backward_scale``).
+(see ``engines/train/step.py: backward_scale``).
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ rebuilds the same task types):
 - ``local`` (default): plain environments, no plugins (the Ray plugin would start a local Ray
   for every rollout call, ~1 GB and ~3 s, for nothing).
 - ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
-  plan (``DAPO_CLUSTER_PLAN``, JSON written by ``infra.deploy``: engines, tensor parallel, GPUs
+  plan (``DAPO_CLUSTER_PLAN``, JSON written by ``cli.deploy``: engines, tensor parallel, GPUs
   per node); the Ray cluster is kept between calls with a reuse policy, so engines stay warm
-  across steps and take new weights by reload (engines/vllm_engine.py). Training is a PyTorch
+  across steps and take new weights by reload (engines/rollout/vllm_engine.py). Training is a PyTorch
   Elastic job (flyteplugins-pytorch) of ``train_nodes`` x ``train_nproc_per_node`` ranks, each
-  running the task body as a DeepSpeed rank (engines/train_rank.py). When the plan names a
+  running the task body as a DeepSpeed rank (engines/train/rank.py). When the plan names a
   ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount`` and the run
   store is a POSIX path shared by all stages; otherwise run folders live in an object store
   (``run_dir`` = ``s3://...``, storage/run_store.py). See docs/CLUSTER.md.
@@ -181,7 +181,7 @@ def ray_job_config(plan: dict[str, Any]) -> Any:
 def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
     """The PyTorch Elastic config of the cluster train task (flyteplugins-pytorch; a Kubeflow
     PyTorchJob when ``nodes`` > 1). The task body then runs once per rank and acts as the worker
-    (engines/train_rank.py) instead of launching its own torchrun."""
+    (engines/train/rank.py) instead of launching its own torchrun."""
     from flyteplugins.pytorch import Elastic
 
     return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
@@ -237,7 +237,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             pod_template=cpu_template,
             plugin_config=train_elastic_config(nodes, nproc),
             description=f"One DeepSpeed DAPO training step: PyTorch Elastic, {nodes} node(s) x {nproc} GPU(s), "
-                        "each rank running the task body (engines/train_rank.py).",
+                        "each rank running the task body (engines/train/rank.py).",
         )
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",
@@ -253,7 +253,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
     return cpu, rollout, train
 
 
-TARGET = flyte_target()  # what this import built (infra/deploy.py checks it)
+TARGET = flyte_target()  # what this import built (cli/deploy.py checks it)
 cpu_env, rollout_env, train_env = _environments(TARGET)
 
 ALL_ENVIRONMENTS = (cpu_env, rollout_env, train_env)

@@ -13,15 +13,15 @@ Pure arithmetic over a :class:`~infra.sizing.ClusterPlan` and stated assumptions
 
 Three hand-offs are priced (:func:`step_handoff`):
 
-- **naive**, as implemented today on an object store (engines/train_rank.py, engines/rollout.py,
+- **naive**, as implemented today on an object store (engines/train/rank.py, engines/rollout/stage.py,
   storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
   Ray head (the task body) fetch its weights, config and tokenizer, not the optimizer state
   (``storage.checkpoints.fetch_policy``); every train node of the next step (fresh pods) fetches
   its own ranks' partitions of the parent's optimizer state, not the weights, which that state
-  restores (engines/train_rank.py, engines/train_engine.py: ``load_policy``). All of it lies on
+  restores (engines/train/rank.py, engines/train/engine.py: ``load_policy``). All of it lies on
   the step's critical path (the driver runs rollout and train one after the other).
 - **designed**, modelled only: the optimizer state stays in the warm train ranks' memory between
-  steps (engines/train_server.py does this within one process; on a cluster it needs train pods
+  steps (engines/train/server.py does this within one process; on a cluster it needs train pods
   that outlive a step) and goes to the store every ``optimizer_upload_every_steps`` steps in the
   background, overlapping the next rollout (the train GPUs are idle then); each train node
   uploads its share of the bf16 export; rollout nodes fetch the weights only (this part is built,

@@ -2,9 +2,9 @@
 
 A Flyte app (``flyteplugins-vllm``'s ``VLLMAppEnvironment``), the cluster's ``dapo serve``: the
 checkpoint's folder in the object store is streamed to the GPU (or downloaded) at start, served
-under its checkpoint id with the rollout engine's arguments (engines/serving.py: ``engine_flags``),
+under its checkpoint id with the rollout engine's arguments (engines/rollout/serving.py: ``engine_flags``),
 and scaled to zero when idle (the Flyte app default). ``dapo deploy --serve CHECKPOINT`` builds
-and registers it next to the pipeline's task environments (infra/deploy.py).
+and registers it next to the pipeline's task environments (cli/deploy.py).
 
 The image is the plugin's own (``DEFAULT_VLLM_IMAGE``: its ``vllm-fserve`` launcher, a CUDA vLLM
 and FlashInfer's prebuilt sampling kernels, without which top-p sampling JIT-compiles and fails
@@ -24,7 +24,7 @@ def serving_app(*, model_path: str, model_id: str, engine_flags: list[str], gpus
                 name: str = APP_NAME) -> VLLMAppEnvironment:
     """An app serving the checkpoint at ``model_path`` (an object-store URI) as ``model_id``.
 
-    ``engine_flags`` are ``vllm serve`` flags without the model (engines/serving.py); ``gpus`` is
+    ``engine_flags`` are ``vllm serve`` flags without the model (engines/rollout/serving.py); ``gpus`` is
     the engine's tensor-parallel size.
     """
     return VLLMAppEnvironment(

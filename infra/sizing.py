@@ -1,7 +1,7 @@
 """GPU sizing arithmetic for a cluster run: memory per GPU for rollout and training, GPUs per stage.
 
 Pure functions over integers and floats (stdlib only): no flyte, torch or config objects. The
-deploy command (infra/deploy.py) unpacks a RunConfig into these scalars, and the table in
+deploy command (cli/deploy.py) unpacks a RunConfig into these scalars, and the table in
 docs/CLUSTER.md is printed by ``dapo deploy --sizing`` from the same functions, never typed by
 hand.
 
@@ -36,10 +36,10 @@ Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
 Host memory of a GPU pod (what its Kubernetes request asks for; GiB, rounded up), per GPU process
 a runtime allowance (CUDA context, torch/vLLM imports, NCCL and pinned buffers) plus:
 
-- a training rank: the larger of its fp32 parameter load (engines/train_engine.load_policy: the
+- a training rank: the larger of its fp32 parameter load (engines/train/engine.load_policy: the
   whole model under ZeRO-1/2, 1/world under ZeRO-3's zero.Init) and its training-state shard
   (staged through host memory when a checkpoint is saved or resumed); the pod also holds one bf16
-  copy of the weights for the HF export (engines/train_checkpoint.py);
+  copy of the weights for the HF export (engines/train/checkpoint.py);
 - a vLLM engine's GPU: its weight shard, read through host memory at load.
 
 A local run shares one GPU between the vLLM engine and a training rank (``plan_shared_gpu``, printed
@@ -635,7 +635,7 @@ def _plan_training(
     """``(training GPUs, samples per micro-batch)``: the configured micro-batch, else one sample."""
     # Activations are not partitioned over GPUs (no sequence parallelism), so a micro-batch that
     # does not fit one GPU at any GPU count falls back to one sample per micro-batch (the loss is
-    # the same: micro-batches only split the memory, engines/train_step.py).
+    # the same: micro-batches only split the memory, engines/train/step.py).
     for micro in dict.fromkeys((micro_batch_samples, 1)):
         try:
             gpus = choose_train_gpus(
@@ -715,7 +715,7 @@ def plan_shared_gpu(
     the engine on the first). Raises PlanDoesNotFit (one line: the phase, its biggest term, the knob) when
     either phase exceeds the usable memory or the engine's share cannot hold its weights and one group.
 
-    The warm ranks keep their states between steps and release their activations (engines/train_worker.py);
+    The warm ranks keep their states between steps and release their activations (engines/train/worker.py);
     vLLM refuses to start unless ``gpu_memory_utilization`` x the card is free beside them.
     """
     params = parameter_count(arch)

@@ -60,7 +60,7 @@ class TrainConfig:
     resume_optimizer: bool = True
     keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume; false needs resume_optimizer false)
     timeout_s: float = 3600.0  # wall-clock limit of one launch (warm: of one request, group start included)
-    # Keep the DeepSpeed worker group alive between steps of this process (engines/train_server.py):
+    # Keep the DeepSpeed worker group alive between steps of this process (engines/train/server.py):
     # saves process start + engine construction per step, same results; False = one launch per step.
     keep_workers_warm: bool = True
 

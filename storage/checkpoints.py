@@ -26,7 +26,7 @@ from storage.retention_policy import MIRRORED_CHECKPOINTS
 
 METADATA_FILE = "dapo_checkpoint.json"
 # The DeepSpeed state (optimizer moments, fp32 master weights) inside a checkpoint folder: only a
-# training step resuming from the checkpoint reads it (engines/train_spec.py: DS_STATE_DIR).
+# training step resuming from the checkpoint reads it (engines/train/spec.py: DS_STATE_DIR).
 OPTIMIZER_STATE_DIR = "ds_state"
 WEIGHT_SUFFIXES = (".safetensors",)
 # The files a checkpoint's tokenizer is read from (fast and slow tokenizers, and the chat template
@@ -48,7 +48,7 @@ class CheckpointInfo:
     inputs: dict[str, Any] = field(default_factory=dict)  # data/config that produced it (lineage)
     # Optimizer updates done when a train step wrote it: where the LR schedule stands, so the next
     # step continues it even when it starts a fresh optimizer. None: a step-0 policy (no update), or a
-    # checkpoint written before this was recorded (engines/train_launch.py: schedule_start).
+    # checkpoint written before this was recorded (engines/train/launch.py: schedule_start).
     optimizer_updates: int | None = None
 
 

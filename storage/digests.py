@@ -10,7 +10,7 @@ it works the same on a filesystem and in an object store, and it is written afte
 ``check`` compares an output with its record: a missing record, a missing file, another size or
 (``deep``) another sha256 is a problem, named by file. The driver checks what each cached task
 call points to (workflows/verified_calls.py); ``dapo verify`` checks a whole run folder
-(workflows/verify.py). In an object store a shallow check compares sizes only (no download; the
+(cli/verify.py). In an object store a shallow check compares sizes only (no download; the
 stores checksum objects themselves); ``deep=True`` downloads and hashes.
 """
 

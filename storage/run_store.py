@@ -369,14 +369,14 @@ def fetch(path: str | os.PathLike[str], *, skip: Sequence[str] = (), only: Seque
     folder's files the caller will not read, left out of the download (the marker never is).
     Rollout and evaluation fetch a checkpoint without its optimizer state
     (``checkpoints.fetch_policy``), a training step without its weights when it resumes the
-    optimizer state (engines/train_checkpoint.py): at paper scale 65 GB of 459 GB, and 393 GB. The
+    optimizer state (engines/train/checkpoint.py): at paper scale 65 GB of 459 GB, and 393 GB. The
     names a partial copy lacks are noted beside it; a later fetch of the same checkpoint that
     needs some of them adds just those to the copy, each file renamed into place, and never
     removes a file another reader on the node may be reading.
 
     ``only``: patterns of the only files of a folder the caller reads (besides the marker): a
     re-run's reuse check of a published train step reads its StepMetrics row and timings, not its
-    weights or optimizer state (engines/train_publish.py: published_result).
+    weights or optimizer state (engines/train/publish.py: published_result).
     """
     if not is_remote(path):
         return local_path(path)

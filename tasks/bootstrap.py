@@ -1,13 +1,13 @@
 """The bootstrap stage as a Flyte task: publish the step-0 policy checkpoint (tiny warm-up or a local model).
 
-The work is engines/policy_bootstrap.py; settings: settings/bootstrap.py; ``dapo bootstrap``: workflows/commands/bootstrap.py.
+The work is engines/bootstrap/stage.py; settings: settings/bootstrap.py; ``dapo bootstrap``: cli/bootstrap.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from engines.policy_bootstrap import bootstrap_policy, resolve_source
+from engines.bootstrap.stage import bootstrap_policy, resolve_source
 from infra.environments import cpu_env, stage_cache
 from settings.bootstrap import BootstrapConfig
 from storage import checkpoints, outputs, run_store

@@ -1,11 +1,11 @@
 """The curation stage as a Flyte task: raw problem sources into Problem and RejectedProblem shards.
 
-The work is engines/curation.py; settings: settings/curate.py; ``dapo curate``: workflows/commands/curate.py.
+The work is engines/curate/stage.py; settings: settings/curate.py; ``dapo curate``: cli/curate.py.
 """
 
 from __future__ import annotations
 
-from engines.curation import CurateReport, curate_sources
+from engines.curate.stage import CurateReport, curate_sources
 from infra.environments import cpu_env, stage_cache
 from settings.curate import CurateConfig
 from storage import outputs

@@ -1,11 +1,11 @@
 """The evaluate stage as a Flyte task: avg@k / pass@k / maj@k of a checkpoint on held-out problems.
 
-The work is engines/evaluation.py; settings: settings/evaluate.py; ``dapo eval``: workflows/commands/evaluate.py.
+The work is engines/evaluate/stage.py; settings: settings/evaluate.py; ``dapo eval``: cli/evaluate.py.
 """
 
 from __future__ import annotations
 
-from engines.evaluation import EvalSummary, evaluate_checkpoint
+from engines.evaluate.stage import EvalSummary, evaluate_checkpoint
 from infra.environments import rollout_env, stage_cache
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig

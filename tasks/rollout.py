@@ -1,11 +1,11 @@
 """The rollout stage as a Flyte task: G samples per prompt with vLLM into a Rollout shard and its manifest.
 
-The work is engines/rollout.py; settings: settings/rollout.py; ``dapo rollout``: workflows/commands/rollout.py.
+The work is engines/rollout/stage.py; settings: settings/rollout.py; ``dapo rollout``: cli/rollout.py.
 """
 
 from __future__ import annotations
 
-from engines.rollout import manifest_path, rollout_shard
+from engines.rollout.stage import manifest_path, rollout_shard
 from infra.environments import rollout_env, stage_cache
 from settings.rollout import RolloutConfig
 from storage import outputs, run_store

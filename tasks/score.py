@@ -1,11 +1,11 @@
 """The score stage as a Flyte task: reward, overlong shaping, advantages and the dynamic-sampling decision.
 
-The work is engines/scoring.py; settings: settings/score.py; ``dapo score``: workflows/commands/score.py.
+The work is engines/score/stage.py; settings: settings/score.py; ``dapo score``: cli/score.py.
 """
 
 from __future__ import annotations
 
-from engines.scoring import ScoreStats, score_shards
+from engines.score.stage import ScoreStats, score_shards
 from infra.environments import cpu_env, stage_cache
 from settings.score import ScoreConfig
 from storage import outputs, run_store

@@ -1,15 +1,15 @@
 """The train stage as a Flyte task: one DeepSpeed DAPO update per pipeline step (paper sec. 3-4).
 
-The body only unpacks its inputs and calls the training engine (engines/train_launch.py: worker
-launch, warm groups; engines/train_publish.py: publishing, reuse); under the PyTorch Elastic
-plugin it is itself a rank (engines/train_rank.py). Settings: settings/train.py. ``dapo train``:
-workflows/commands/train.py.
+The body only unpacks its inputs and calls the training engine (engines/train/launch.py: worker
+launch, warm groups; engines/train/publish.py: publishing, reuse); under the PyTorch Elastic
+plugin it is itself a rank (engines/train/rank.py). Settings: settings/train.py. ``dapo train``:
+cli/train.py.
 """
 
 from __future__ import annotations
 
-from engines.train_launch import train_step_in_store
-from engines.train_publish import TrainedStep
+from engines.train.launch import train_step_in_store
+from engines.train.publish import TrainedStep
 from infra.environments import stage_cache, train_env
 from settings.train import TrainConfig
 
@@ -22,12 +22,12 @@ def train(checkpoint_dir: str, scored_shards: list[str], out_dir: str, step: int
     """Flyte task: one training step; returns the published checkpoint (its metrics row inside it).
 
     Under the PyTorch Elastic plugin (multi-node, cluster target) this body runs once per rank and
-    is the worker itself (engines/train_rank.py). Otherwise, when the deployment plan trains on
+    is the worker itself (engines/train/rank.py). Otherwise, when the deployment plan trains on
     several nodes, it starts their elastic agents here, each running that same rank body
-    (engines/train_nodes.py); else it launches its own torchrun.
+    (engines/train/nodes.py); else it launches its own torchrun.
     """
-    from engines.train_nodes import planned_nodes, train_step_on_nodes
-    from engines.train_rank import running_as_elastic_rank, train_step_as_rank
+    from engines.train.nodes import planned_nodes, train_step_on_nodes
+    from engines.train.rank import running_as_elastic_rank, train_step_as_rank
 
     layout = planned_nodes()
     if running_as_elastic_rank():

@@ -15,7 +15,7 @@ from tests import s3_server
 def _pin_xdist_worker() -> None:
     """Under pytest-xdist (``make test`` runs one worker per core), give each worker one core of its
     own, inherited by every process it starts: the engines size their thread pools from the cores a
-    process may use (engines/threads.py), so two workers never oversubscribe the machine (vLLM and
+    process may use (engines/runtime/threads.py), so two workers never oversubscribe the machine (vLLM and
     DeepSpeed slow down ~10x with more threads than free cores)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in a worker
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
@@ -40,8 +40,8 @@ def _take_ctrl_c_back() -> None:
 
 _take_ctrl_c_back()
 
-# The product flushes denormals in every process that runs a model (engines/vllm_engine.py,
-# engines/train_dist.py, ...), and that FPU state is global to the process. Set it once here so
+# The product flushes denormals in every process that runs a model (engines/rollout/vllm_engine.py,
+# engines/train/dist.py, ...), and that FPU state is global to the process. Set it once here so
 # every test runs in the same state whatever ran before it: hypothesis cannot draw subnormal
 # floats then, so float strategies say allow_subnormal=False (a partial run fails as the full one).
 torch.set_flush_denormal(True)

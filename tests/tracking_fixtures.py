@@ -38,7 +38,7 @@ def step_rows(tmp: Path, steps: range) -> list[dict[str, Any]]:
 
 
 def evaluation(step: int) -> dict[str, Any]:
-    """An evaluation summary as the driver holds it (engines/evaluation.py: EvalSummary, plus step and interval)."""
+    """An evaluation summary as the driver holds it (engines/evaluate/stage.py: EvalSummary, plus step and interval)."""
     return {"step": step, "eval_set": "heldout", "checkpoint_id": f"ckpt-{step}", "problems": 40, "k": 4,
             "k_values": [4], "input_rows": 40, "rejected_rows": {}, "avg_at_k": 0.25 + step / 8,
             "pass_at_k": 0.5 + step / 16, "maj_at_k": 0.375, "verdict_timeouts": 0, "verdict_errors": 1,

@@ -27,7 +27,7 @@ STEP_GROUPS: dict[str, str] = {
     **dict.fromkeys(("time_rollout_s", "time_score_s", "time_train_s"), "time"),
 }
 
-# Evaluation summary key -> scalar name (the driver's evaluation dicts, engines/evaluation.py: EvalSummary).
+# Evaluation summary key -> scalar name (the driver's evaluation dicts, engines/evaluate/stage.py: EvalSummary).
 EVAL_NAMES: dict[str, str] = {
     "avg_at_k": "eval/avg_at_k",
     "pass_at_k": "eval/pass_at_k",

@@ -1,6 +1,6 @@
 """The driver task: the DAPO loop as plain Python over cached Flyte tasks.
 
-See workflows/pipeline.py for how it is launched. Everything the loop decides (which
+See cli/run.py for how it is launched. Everything the loop decides (which
 problems a round generates, which groups fill the batch, which are surplus) is a pure function
 of the config and of task outputs, so a re-run replays it exactly over cache hits.
 """
@@ -26,15 +26,15 @@ from flyte.io import Dir, File
 
 import schemas
 from dapo_core.intervals import paired_change
-from engines import gc_heap, threads
-from engines.curation import check_curated_splits_disjoint
-from engines.policy_bootstrap import policy_tokenizer_folder, source_folders, warmup_problem_ids
-from engines.rollout import check_prompt_lengths, manifest_path
-from engines.scoring import ScoreStats
-from engines.train_launch import start_workers
-from engines.train_nodes import planned_nodes
-from engines.train_publish import METRICS_FILE
-from engines.verifier_pool import start_verifier_pool
+from engines.runtime import gc_heap, threads
+from engines.curate.stage import check_curated_splits_disjoint
+from engines.bootstrap.stage import policy_tokenizer_folder, source_folders, warmup_problem_ids
+from engines.rollout.stage import check_prompt_lengths, manifest_path
+from engines.score.stage import ScoreStats
+from engines.train.launch import start_workers
+from engines.train.nodes import planned_nodes
+from engines.train.publish import METRICS_FILE
+from engines.score.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env
 from readers.problem_files import split_suffix
 from storage import checkpoints, digests, outputs, run_store
@@ -52,7 +52,7 @@ from workflows import progress
 from workflows.config import RunConfig
 from workflows.json_output import finite_or_none
 from workflows.problem_order import check_pool_size
-from workflows.report import eval_interval, write_report
+from reports.run import eval_interval, write_report
 from workflows.run_binding import check_run_folder
 from workflows.seeds import derive_seed
 from workflows.step_loop import (
@@ -228,7 +228,7 @@ class HeldOutSeenError(RuntimeError):
 
 def check_heldout_unseen(checkpoint: str, test_paths: list[str]) -> None:
     """Refuse a step-0 policy whose warm-up saw any held-out problem of this run (its lineage lists
-    the problems it was warmed up on: engines/policy_bootstrap.py: warmup_problem_ids), before any
+    the problems it was warmed up on: engines/bootstrap/stage.py: warmup_problem_ids), before any
     evaluation: held-out accuracy must measure what RL adds on unseen problems, not memory. A policy
     that records no warm-up problems (an imported model) is not checked."""
     seen = warmup_problem_ids(checkpoint)  # its metadata alone (a URI is not fetched whole)
@@ -297,7 +297,7 @@ class RunOutcome:
 
 def stage_cores(cfg: RunConfig) -> contextlib.AbstractContextManager[None]:
     """Pipelined, rollout and training run at once: on one machine each takes half the cores (the
-    vLLM engine's threads, each DeepSpeed rank's; engines/threads.py), for the whole run, since the
+    vLLM engine's threads, each DeepSpeed rank's; engines/runtime/threads.py), for the whole run, since the
     engine keeps the thread count it started with. Synchronous, each takes them all in turn."""
     return threads.sharing_cores(2) if cfg.run.pipelined else contextlib.nullcontext()
 
@@ -324,14 +324,14 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
 def start_workers_early(cfg: RunConfig, layout: RunLayout) -> None:
     """Run locally (every task in this process), start the DeepSpeed worker group and the
     verifier pool now, beside curation, the step-0 policy and its evaluation, rather than in the
-    first training step (engines/train_launch.py: start_workers) and its first scoring call
-    (engines/verifier_pool.py: start_verifier_pool). Not on a cluster, where training and scoring
+    first training step (engines/train/launch.py: start_workers) and its first scoring call
+    (engines/score/verifier_pool.py: start_verifier_pool). Not on a cluster, where training and scoring
     run in pods of their own, and not when the run's last checkpoint is published already (a
     re-run of cache hits)."""
     ctx = flyte.ctx()
     if ctx is None or ctx.mode != "local" or cfg.run.steps == 0 or checkpoints.is_complete(layout.checkpoint(cfg.run.steps)):
         return
-    if planned_nodes().nodes == 1:  # else the train task starts the nodes' own agents (engines/train_nodes.py)
+    if planned_nodes().nodes == 1:  # else the train task starts the nodes' own agents (engines/train/nodes.py)
         start_workers(cfg.train)
     start_verifier_pool(cfg.score.reward_workers or None)
 

@@ -4,7 +4,7 @@ The driver (workflows/driver.py) calls the module functions here: ``begin`` (a r
 ``stage`` (curation, the warm-up, a step's rollout round or training, an evaluation),
 ``step_done`` (a step's metrics), ``eval_done`` and ``note`` (a line the user must see, such as
 an output made again). Long loops inside engines (generation, the tiny warm-up) report through
-``engines/work_progress.py``. The display is the CLI's choice (workflows/run_output.py):
+``engines/runtime/work_progress.py``. The display is the CLI's choice (workflows/run_output.py):
 
 - ``LiveProgress``: one rich display redrawn in place on a terminal (stage, step i/N, the last
   step's reward, accuracy and entropy, elapsed time and ETA, a bar for the work under way);
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from engines import work_progress
+from engines.runtime import work_progress
 
 
 @dataclass(frozen=True)

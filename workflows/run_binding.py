@@ -125,7 +125,7 @@ def is_bound(layout: RunLayout) -> bool:
     step-0 policy first; a checkpoint of another id is never replaced, storage/checkpoints.py).
 
     Before that the run holds curation at most, which its cached task re-makes whole when its inputs
-    change (engines/curation.py). A run refused before then (an input missing, a pool too small for one
+    change (engines/curate/stage.py). A run refused before then (an input missing, a pool too small for one
     step, a prompt too long, a bad bootstrap.source) computed nothing the folder must keep: a run of the
     corrected config (often the refusal's own advice) starts there, rebinding the record, instead of
     being refused for the very fields that were fixed.

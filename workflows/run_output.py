@@ -8,13 +8,13 @@ from the processes they start (DeepSpeed ranks, vLLM engine cores, reward worker
 - file descriptors 1 and 2 of this process point at the log file (appended), so C-level writes,
   ``sys.stdout``/``sys.stderr`` and every child process inherit it;
 - Python's log records (root logger) and ``warnings`` are written there with a time stamp;
-- the DeepSpeed launchers append their workers' output there too (``engines.train_server.LOG_FILE_ENV``).
+- the DeepSpeed launchers append their workers' output there too (``engines.train.server.LOG_FILE_ENV``).
 
 The terminal gets the progress display (workflows/progress.py: redrawn in place on a terminal,
 one line per event otherwise) through copies of the original descriptors. A failure still
 reaches the terminal in full: the block's exception carries, as notes, the traceback of the
 Flyte task that failed (Flyte logs it and re-raises without it) and the log file's path, and
-``workflows/cli.py`` prints them. ``--verbose`` skips all of this: everything prints as before.
+``cli/main.py`` prints them. ``--verbose`` skips all of this: everything prints as before.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _python_logging_to(stream: TextIO) -> Iterator[_FailedTask]:
 @contextlib.contextmanager
 def quiet_run(log_path: Path, *, command: str) -> Iterator[None]:
     """Run the block with third-party output in ``log_path`` and a progress display on the terminal."""
-    from engines.train_server import (
+    from engines.train.server import (
         LOG_FILE_ENV,  # imports torch: not for `dapo run --help`
     )
 

@@ -18,7 +18,7 @@ import pytest
 import schemas
 from storage import checkpoints
 from storage.run_layout import RunLayout
-from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
+from cli.lineage import checkpoint_lineage, sample_lineage, trained_samples
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ladder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ladder")
-    args = [sys.executable, "-m", "workflows.cli", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
+    args = [sys.executable, "-m", "cli.main", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
             "--seeds", "0", "1", "--rungs", "0", "5", "--run-root", str(root)]
     for item in SMALL:
         args += ["--set", item]
@@ -117,7 +117,7 @@ def test_lineage_works_inside_a_rung_run_folder(ladder_dir: Path) -> None:
 def test_report_only_rebuilds_the_same_table_from_the_runs(ladder_dir: Path) -> None:
     before = json.loads((ladder_dir / "ablation.json").read_text())
     (ladder_dir / "ablation.json").unlink()
-    args = [sys.executable, "-m", "workflows.cli", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
+    args = [sys.executable, "-m", "cli.main", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
             "--seeds", "0", "1", "--rungs", "0", "5", "--run-root", str(ladder_dir.parent), "--report-only"]
     for item in SMALL:
         args += ["--set", item]
@@ -132,7 +132,7 @@ def test_report_only_rebuilds_the_same_table_from_the_runs(ladder_dir: Path) -> 
 
 
 def _ablate(ladder_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "workflows.cli", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
+    args = [sys.executable, "-m", "cli.main", "ablate", "--config", str(REPO / "configs" / "ablation-tiny.yaml"),
             "--seeds", "0", "1", "--rungs", "0", "5", "--run-root", str(ladder_dir.parent)]
     for item in [*SMALL, *extra]:
         args += ["--set", item]

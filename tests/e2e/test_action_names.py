@@ -17,7 +17,7 @@ from storage.run_layout import RunLayout
 from tests.e2e.test_pipeline import SMALL, _env
 
 REPO = Path(__file__).resolve().parents[2]
-DAPO = [sys.executable, "-m", "workflows.cli"]
+DAPO = [sys.executable, "-m", "cli.main"]
 
 pytestmark = pytest.mark.slow
 

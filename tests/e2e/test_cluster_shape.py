@@ -4,10 +4,10 @@ One run of the tiny pipeline (3 steps) as a cluster runs it, on this machine:
 - the run folder in an object store (the suite's local S3 server), the driver with its own mirror;
 - rollout and evaluation on Ray actors over a real two-node Ray cluster (``ray.cluster_utils.Cluster``,
   one logical GPU per node, so two engines of one GPU each are one per node) that the driver attaches to
-  through ``RAY_ADDRESS``, as on a cluster's Ray head (engines/rollout.py);
+  through ``RAY_ADDRESS``, as on a cluster's Ray head (engines/rollout/stage.py);
 - training as 2 elastic ranks on 2 "nodes", each agent with its own mirror folder, so they share only
   the store: the deployment plan's ``train_nodes`` (``DAPO_CLUSTER_PLAN``), which the train task runs
-  with engines/train_nodes.py on the rank body a cluster runs (engines/train_rank.py).
+  with engines/train/nodes.py on the rank body a cluster runs (engines/train/rank.py).
 The driver is killed with SIGKILL (its whole process group, as a pod dies) while step 2 trains, and
 the run is resumed. Its checkpoint ids and held-out results must equal those of the plain local run of
 the same config (same world size: 2 torchrun ranks there). Then the reward code changes (a copy of the
@@ -131,7 +131,7 @@ def ray_cluster(s3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _train_staging(system_temp: Path, step: int) -> list[Path]:
-    """Step ``step``'s staging folders in the local training nodes' mirrors (engines/train_nodes.py)."""
+    """Step ``step``'s staging folders in the local training nodes' mirrors (engines/train/nodes.py)."""
     try:
         return list(system_temp.glob(f"dapo-train-nodes-pid*/node-*-mirror/**/.step-{step:04d}.staging-rank-*"))
     except FileNotFoundError:  # a folder removed while the walk was in it (an earlier step's staging)
@@ -227,7 +227,7 @@ def _reward_versions(layout: RunLayout) -> dict[int, str]:
 def test_after_a_reward_code_change_the_cluster_topology_rescores_and_retrains_every_step(
     local_run: dict[str, Any], cluster_run: dict[str, Any], tmp_path: Path
 ) -> None:
-    from engines.train_publish import batch_sha256_of
+    from engines.train.publish import batch_sha256_of
 
     layout: RunLayout = cluster_run["layout"]
     env = cluster_run["env"]

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DAPO = [sys.executable, "-m", "workflows.cli"]
+DAPO = [sys.executable, "-m", "cli.main"]
 STEPS = 15
 MIN_GAIN = 0.04  # held-out avg@k points (as a fraction) that STEPS steps must add; see the module docstring
 

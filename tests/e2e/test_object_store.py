@@ -133,7 +133,7 @@ def test_a_stage_reruns_alone_against_the_store(store: RunLayout, s3_run: dict) 
 def test_a_step_already_published_in_the_store_is_reused(store: RunLayout) -> None:
     # Killed after the upload but before Flyte recorded the result: the retry must return the
     # published checkpoint, not train again (training is not bit-reproducible across launches).
-    from engines.train_launch import train_step_in_store
+    from engines.train.launch import train_step_in_store
     from workflows.config import config_from_dict
 
     cfg = config_from_dict(json.loads(run_store.read_text(store.run_record))["config"], source="run.json")
@@ -157,7 +157,7 @@ def test_a_fresh_rollout_node_fetches_the_checkpoint_without_its_optimizer_state
                   "--limit", "2", "--config", str(REPO / "configs" / "tiny-cpu.yaml")],
                  {**s3_run["env"], run_store.MIRROR_ENV: str(node)})
     # stdout is the manifest alone (`dapo rollout ... | jq`): vLLM's logs, which it writes to stdout by
-    # default, and C++ and worker output go to stderr (workflows/commands/result_stdout.py).
+    # default, and C++ and worker output go to stderr (cli/result_stdout.py).
     assert json.loads(proc.stdout)["prompts"] == 2 and "WARNING" in proc.stderr
     mirrored = node / "s3" / checkpoint.split("://", 1)[1]
     assert (mirrored / "model.safetensors").is_file() and (mirrored / checkpoints.METADATA_FILE).is_file()

@@ -25,11 +25,11 @@ import pytest
 import schemas
 from storage import checkpoints
 from storage.run_layout import RunLayout
-from workflows.lineage import checkpoint_lineage, sample_lineage, trained_samples
+from cli.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from workflows.run_records import action_records, flyte_runs
 
 REPO = Path(__file__).resolve().parents[2]
-DAPO = [sys.executable, "-m", "workflows.cli"]
+DAPO = [sys.executable, "-m", "cli.main"]
 # The default config cut small. The step-0 policy is warmed up here (bootstrap.source=tiny, a short
 # warm-up) rather than imported as the default's shipped one: these runs cover the warm-up path,
 # test_learning.py the shipped import.
@@ -320,7 +320,7 @@ def test_rerun_remakes_deleted_and_damaged_outputs(finished_run: RunLayout, run_
     """A deleted final checkpoint, a flipped batch shard and a truncated scored shard: a re-run
     names them, makes them again and ends on a checkpoint that exists; `dapo verify` then passes."""
     from storage import digests
-    from workflows.verify import verify_run
+    from cli.verify import verify_run
 
     layout = finished_run
     t = time.perf_counter()

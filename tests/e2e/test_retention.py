@@ -18,7 +18,7 @@ import pytest
 
 from storage import checkpoints
 from storage.run_layout import RunLayout
-from workflows.lineage import checkpoint_lineage
+from cli.lineage import checkpoint_lineage
 from workflows.run_records import action_records, flyte_runs
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -4,9 +4,9 @@ the memory plan (infra/sizing.py: plan_shared_gpu).
 A real-shaped model (Qwen2.5-0.5B's config.json from tests/data/model_configs, random bf16 weights, the
 tiny tokenizer) goes through a DAPO step's GPU work on one GPU:
 
-1. a rollout round on the in-process engine (engines/vllm_engine.py: engine_for_call with
+1. a rollout round on the in-process engine (engines/rollout/vllm_engine.py: engine_for_call with
    ``sleep_between_calls``), which then sleeps (level 1);
-2. the train step on the warm worker group (engines/train_launch.py: train_step; bf16, ZeRO-1, a short
+2. the train step on the warm worker group (engines/train/launch.py: train_step; bf16, ZeRO-1, a short
    batch of 8 x 512 tokens), while the device's used memory is sampled;
 3. the next round: the engine woken, given the new checkpoint's weights, generating again.
 
@@ -52,8 +52,9 @@ if torch.cuda.is_available():
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from train_fixtures import scored_row, write_scored
 
-    from engines import train_server, vllm_engine
-    from engines.train_launch import train_step
+    from engines.train import server as train_server
+    from engines.rollout import vllm_engine
+    from engines.train.launch import train_step
     from infra import model_shape, sizing
     from settings.train import TrainConfig
 
@@ -104,7 +105,7 @@ def _build_checkpoint(out: Path) -> Path:
     """Publish a step-0 checkpoint of Qwen2.5-0.5B's shape: random bf16 weights, the tiny tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    from engines.tiny_policy import build_tokenizer, save_checkpoint
+    from engines.bootstrap.tiny_policy import build_tokenizer, save_checkpoint
 
     tokenizer = build_tokenizer()
     fields = json.loads((SHAPE / "config.json").read_text())
@@ -205,7 +206,7 @@ def test_engine_asleep_while_the_rank_trains_then_awake_with_the_new_weights(tmp
     # Level 1 keeps no weights and no KV cache on the GPU: what stays is within the plan's allowance.
     assert asleep - before <= sizing.ENGINE_ASLEEP_BYTES, figures
     assert awake - asleep >= 0.5 * UTILIZATION * plan.gpu_memory_bytes, figures  # sleeping freed the share
-    # The warm ranks hand their activations back between steps (engines/train_worker.py): what they keep is
+    # The warm ranks hand their activations back between steps (engines/train/worker.py): what they keep is
     # their states and runtime, not the training peak.
     assert between - asleep <= states + sizing.RANK_RUNTIME_BYTES + GIB, figures
 

@@ -1,9 +1,9 @@
 """The training stage on a CUDA GPU: torchrun, NCCL and DeepSpeed on the device, one rank.
 
 Every other training test runs the DeepSpeed workers on the CPU over gloo. With a GPU,
-engines/train_launch.py gives the workers ``DS_ACCELERATOR=cuda``, and each rank picks its GPU
+engines/train/launch.py gives the workers ``DS_ACCELERATOR=cuda``, and each rank picks its GPU
 (``torch.cuda.set_device``), joins an NCCL group and computes on ``rank_device()``
-(engines/train_dist.py): a path the CPU suite never runs. Here it runs with world size 1 on the
+(engines/train/dist.py): a path the CPU suite never runs. Here it runs with world size 1 on the
 tiny Qwen2 of tests/integration/test_train.py, whose reference step and helpers it reuses:
 
 - an fp32 ZeRO-1 step on the GPU matches the plain-torch reference step computed on the CPU;
@@ -49,10 +49,10 @@ if torch.cuda.is_available():
     from test_train import ATOL, CONFIG, _max_diff, _reference_step, _weights
     from train_fixtures import assert_published_whole, optimizer_state, random_batch, same_state, write_scored
 
-    from engines import train_server
-    from engines.tiny_policy import build_random_checkpoint
-    from engines.train_launch import _worker_env, train_step
-    from engines.train_spec import DS_STATE_DIR
+    from engines.train import server as train_server
+    from engines.bootstrap.tiny_policy import build_random_checkpoint
+    from engines.train.launch import _worker_env, train_step
+    from engines.train.spec import DS_STATE_DIR
     from settings.train import TrainConfig
 
 LAUNCH_TIMEOUT_S = 300.0  # inside pytest's --timeout, so a hung launch fails with the workers' log tail
@@ -157,9 +157,9 @@ def test_the_step_publishes_a_complete_checkpoint_and_the_optimizer_state_from_t
 _TF32_PROBE = """
 import json
 import torch
-from engines.train_dist import import_deepspeed
+from engines.train.dist import import_deepspeed
 import_deepspeed()  # what a worker imports before it builds its engine
-import engines.train_worker  # noqa: F401
+import engines.train.worker  # noqa: F401
 from transformers import AutoModelForCausalLM  # noqa: F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
 

@@ -1,6 +1,6 @@
 """Entry point for the elastic-rank test: ``torchrun --nproc_per_node N elastic_rank_main.py ARGS.json``.
 
-Each rank runs engines.train_rank.train_step_as_rank, as the Flyte PyTorch plugin would run the
+Each rank runs engines.train.rank.train_step_as_rank, as the Flyte PyTorch plugin would run the
 train task body; rank 0 writes the published result to ARGS["result_path"].
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from engines.train_rank import running_as_elastic_rank, train_step_as_rank
+from engines.train.rank import running_as_elastic_rank, train_step_as_rank
 from settings.train import TrainConfig
 
 

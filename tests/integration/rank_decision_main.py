@@ -1,6 +1,6 @@
 """Entry point for the rank-decision test: ``torchrun --nproc_per_node 2 rank_decision_main.py OUT_DIR CASE``.
 
-Each rank calls engines.train_rank._decided_by_rank_0 with a ``decide`` that says which rank ran it
+Each rank calls engines.train.rank._decided_by_rank_0 with a ``decide`` that says which rank ran it
 (CASE "value") or, on rank 0, raises the pruned-weights error (CASE "error"); each rank writes what
 it got, or the error it raised, to OUT_DIR/rank-<r>.json.
 """
@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from engines import train_rank
+from engines.train import rank as train_rank
 from storage.pruning import PrunedWeightsError
 
 

@@ -10,11 +10,11 @@ import pytest
 
 import schemas
 from dapo_core.answers import problem_id
-from engines import policy_bootstrap as bs
-from engines import tiny_policy
+from engines.bootstrap import stage as bs
+from engines.bootstrap import tiny_policy
 from readers.synthetic import make_problem
 from storage import checkpoints, run_store
-from workflows.commands import bootstrap as bootstrap_cli
+from cli import bootstrap as bootstrap_cli
 
 FAST = dict(num_layers=1, hidden_size=64, batch_size=16, eval_every_steps=5, eval_problems=8, cpu_threads=1)
 

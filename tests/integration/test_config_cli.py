@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_dapo_run_refuses_a_bad_config_in_one_line(tmp_path: Path, override: str, message: str) -> None:
     run_root = tmp_path / "runs"
     proc = subprocess.run(
-        [sys.executable, "-m", "workflows.cli", "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
+        [sys.executable, "-m", "cli.main", "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
          "--run-root", str(run_root), "--set", override],
         cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
     )

@@ -28,7 +28,7 @@ import signal, sys, threading, time
 from pathlib import Path
 import flyte
 from storage.run_layout import RunLayout
-from workflows.pipeline import RunInterrupted, exit_interrupted, run_driver_locally
+from cli.run import RunInterrupted, exit_interrupted, run_driver_locally
 
 env = flyte.TaskEnvironment(name="ctrl-c-probe")
 
@@ -102,7 +102,7 @@ def _importing_the_pipeline(pid: int) -> bool:
 
 
 def test_ctrl_c_while_dapo_run_starts_exits_130_with_one_line(tmp_path: Path) -> None:
-    args = [sys.executable, "-m", "workflows.cli", "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
+    args = [sys.executable, "-m", "cli.main", "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"),
             "--run-root", str(tmp_path), "--set", "run.name=starting"]
     proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -1,4 +1,4 @@
-"""The curation stage end to end (tasks/curate.py, engines/curation.py): real data sets, bad input, determinism, CLI, Flyte."""
+"""The curation stage end to end (tasks/curate.py, engines/curate/stage.py): real data sets, bad input, determinism, CLI, Flyte."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_core.answers import DAPO_PROMPT_TEMPLATE, TINY_PROMPT_TEMPLATE, problem_id
-from engines.curation import curate_records, curate_sources
+from engines.curate.stage import curate_records, curate_sources
 from readers.problem_files import CurationError, RawRecord, SourceRecords
 from schemas import Problem, RejectedProblem, read_shards
 from settings.curate import CurateConfig
@@ -310,7 +310,7 @@ def test_flyte_curation_whose_folder_was_deleted_is_made_again_not_served_from_c
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Flyte's local cache outlives the folder it points to: a second `dapo curate --flyte` into the
     # same, since deleted, folder was a cache hit that reported shards and wrote none.
-    from workflows.cli import main
+    from cli.main import main
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     temp = tmp_path / "system-temp"
@@ -328,7 +328,7 @@ def test_flyte_curation_whose_folder_was_deleted_is_made_again_not_served_from_c
 
 
 def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     spec = "synthetic:n=40,seed=5"
@@ -343,7 +343,7 @@ def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_refuses_bad_options_in_one_line_before_curating(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     spec = "synthetic:n=40,seed=5"
     assert main(["curate", spec, "--test-fraction", "1.5", "--out", str(tmp_path / "o")]) == 2
@@ -369,7 +369,7 @@ def test_cli_names_a_folder_a_symlink_loop_and_a_gzip_file_in_one_line(tmp_path:
     """Issue 45: each was "no such file" or "unknown layout"; now exit 2, one line saying what the path is."""
     import gzip
 
-    from workflows.cli import main
+    from cli.main import main
 
     good = _gsm8k_jsonl(tmp_path / "good.jsonl", [1, 2])
     packed = tmp_path / "packed.jsonl"

@@ -24,7 +24,7 @@ def _deploy(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     env.pop("DAPO_FLYTE_TARGET", None)
     env.pop("DAPO_CLUSTER_PLAN", None)
     return subprocess.run(
-        [sys.executable, "-m", "workflows.cli", "deploy", *args],
+        [sys.executable, "-m", "cli.main", "deploy", *args],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
     )
 
@@ -105,7 +105,7 @@ def test_a_module_that_fails_to_import_fails_the_dry_run(tmp_path: Path) -> None
 def test_serve_adds_the_serving_app_for_an_object_store_checkpoint(s3_env, tmp_path: Path) -> None:
     # A run folder in the object store: --serve names the run, the app serves its final checkpoint
     # under its checkpoint id, with the rollout engine's flags (the run's dtype, the model's context).
-    from engines import tiny_policy
+    from engines.bootstrap import tiny_policy
     from storage import checkpoints, run_store
     from workflows.config import load_config
 

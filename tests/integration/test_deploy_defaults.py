@@ -18,7 +18,7 @@ from flyte.types import TypeEngine
 from flyteidl2.core import literals_pb2
 from google.protobuf.json_format import ParseDict
 
-from infra import deploy
+from cli import deploy
 from workflows import driver
 from workflows.config import RunConfig, load_config
 
@@ -31,7 +31,7 @@ def _deploy(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": "1"}
     env.pop("DAPO_FLYTE_TARGET", None)
     env.pop("DAPO_CLUSTER_PLAN", None)
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "deploy", *args],
+    return subprocess.run([sys.executable, "-m", "cli.main", "deploy", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from schemas import Problem
 from schemas.disk_space import DiskFullError, writing
-from workflows.cli import disk_full_line, main
+from cli.main import disk_full_line, main
 
 
 def test_enospc_from_the_kernel_names_the_path() -> None:

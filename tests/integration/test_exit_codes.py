@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.cli import main
+from cli.main import main
 from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,8 +90,8 @@ def test_bad_input_exits_2_naming_it(case: str, files: dict[str, Path], capsys: 
 def test_an_engine_fault_in_ask_exits_1_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     # What the engine returned, not what the user gave: before, `dapo ask` said 2 ("bad input") for it.
-    from engines.rollout import EngineOutputError
-    from workflows.commands import ask
+    from engines.rollout.stage import EngineOutputError
+    from cli import ask
 
     def engine_fault(*args: object, **kwargs: object) -> None:
         raise EngineOutputError("problem p1 sample 0: finish reason 'abort'")

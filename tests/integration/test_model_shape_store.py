@@ -52,7 +52,7 @@ def test_an_object_store_folder_without_config_json_is_named(s3_env) -> None:
 
 def test_deploy_sizes_an_object_store_bootstrap_source(s3_env) -> None:
     # Before: "no known architecture in its name; pass --model one of ['qwen2.5-32b']" (exit 2).
-    from infra.deploy import architecture_for
+    from cli.deploy import architecture_for
 
     arch = architecture_for(_upload_model("Llama-3.1-8B"))
     assert arch is not None and arch.name == "Llama-3.1-8B"
@@ -62,7 +62,7 @@ def _deploy(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     env = {**os.environ, **env, "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": "1"}
     env.pop("DAPO_FLYTE_TARGET", None)
     env.pop("DAPO_CLUSTER_PLAN", None)
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "deploy", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "cli.main", "deploy", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

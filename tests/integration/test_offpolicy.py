@@ -1,4 +1,4 @@
-"""Off-policy correction in a real training step (engines/train_step.py, dapo_core/correction.py).
+"""Off-policy correction in a real training step (engines/train/step.py, dapo_core/correction.py).
 
 The parent is a step-3 checkpoint, so step 4 trains from it: samples of policy_version 3 are
 on-policy, older ones are stale (carried surplus, or a pipelined rollout). Four cold launches of
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import random_batch, write_scored  # noqa: E402
 
 import schemas  # noqa: E402
-from engines.tiny_policy import build_random_model, build_tokenizer, save_checkpoint  # noqa: E402
-from engines.train_launch import train_step
-from engines.train_publish import METRICS_FILE, TrainStepError
+from engines.bootstrap.tiny_policy import build_random_model, build_tokenizer, save_checkpoint  # noqa: E402
+from engines.train.launch import train_step
+from engines.train.publish import METRICS_FILE, TrainStepError
 from settings.train import TrainConfig  # noqa: E402
 
 

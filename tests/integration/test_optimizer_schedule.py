@@ -25,11 +25,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import random_batch, write_scored  # noqa: E402
 
-from engines import policy_bootstrap as bs  # noqa: E402
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_engine import warmup_lr_factor  # noqa: E402
-from engines.train_launch import train_step, train_step_in_store  # noqa: E402
-from engines.train_publish import TrainInputError, TrainStepError, TrainStepResult  # noqa: E402
+from engines.bootstrap import stage as bs  # noqa: E402
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.engine import warmup_lr_factor  # noqa: E402
+from engines.train.launch import train_step, train_step_in_store  # noqa: E402
+from engines.train.publish import TrainInputError, TrainStepError, TrainStepResult  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 from storage import checkpoints, digests, outputs  # noqa: E402
 from tests.crafted_checkpoints import add_malicious_state  # noqa: E402

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from engines import tiny_policy
+from engines.bootstrap import tiny_policy
 from storage import checkpoints, digests, outputs, run_store
 from storage.run_layout import RunLayout
-from workflows.cli import main
+from cli.main import main
 from workflows.config import load_config
 from workflows.exit_codes import BAD_INPUT
 from workflows.policy_source import WeightsMismatchError, resolve_policy

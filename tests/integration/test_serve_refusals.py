@@ -1,4 +1,4 @@
-"""``dapo serve`` announces only a server of its own (engines/serving.py: ``check_address``,
+"""``dapo serve`` announces only a server of its own (engines/rollout/serving.py: ``check_address``,
 ``wait_until_ready``), without starting vLLM: its start is replaced by stand-ins here.
 
 Before, on a port another server answered, ``dapo serve`` printed its "serves model" line at
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from engines import serving
+from engines.rollout import serving
 from storage import checkpoints
-from workflows.cli import main
+from cli.main import main
 from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""How `dapo serve` stops its server (engines/serving.py), with stand-in servers instead of vLLM.
+"""How `dapo serve` stops its server (engines/rollout/serving.py), with stand-in servers instead of vLLM.
 
 A stand-in is a Python child that starts a grandchild (as vLLM's API server starts its engine
 core) and either stops on SIGINT or ignores it (a server that hangs while stopping). The stop
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from engines import serving
+from engines.rollout import serving
 
 REPO = Path(__file__).resolve().parents[2]
 

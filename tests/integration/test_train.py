@@ -42,13 +42,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import assert_published_whole, optimizer_state, random_batch, same_state, write_scored  # noqa: E402
 
 from dapo_core.losses import policy_loss  # noqa: E402
-from engines import train_batch as tb
-from engines import train_server
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_engine import warmup_lr_factor  # noqa: E402
-from engines.train_launch import _worker_env, _worker_spec, start_workers, train_step, train_steps
-from engines.train_publish import METRICS_FILE, TrainStepError
-from engines.train_spec import DS_STATE_DIR  # noqa: E402
+from engines.train import batch as tb
+from engines.train import server as train_server
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.engine import warmup_lr_factor  # noqa: E402
+from engines.train.launch import _worker_env, _worker_spec, start_workers, train_step, train_steps
+from engines.train.publish import METRICS_FILE, TrainStepError
+from engines.train.spec import DS_STATE_DIR  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 from storage import checkpoints, digests
 
@@ -125,7 +125,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ck0: Path) -> dict:
     row = schemas.read_shard(Path(published.checkpoint_dir) / METRICS_FILE, schemas.StepMetrics).to_pylist()[0]
     out["C"] = {**row, "checkpoint_dir": published.checkpoint_dir, "returned_id": published.checkpoint_id}
 
-    from workflows.cli import main as dapo_main
+    from cli.main import main as dapo_main
 
     sets = [f"train.{k}={v}" for k, v in (("micro_batch_samples", 4), ("updates_per_step", 2), ("lr", 3e-3),
                                            ("weight_decay", 0.1), ("warmup_steps", 2), ("tis_cap", 2.0), ("seed", 7))]
@@ -297,7 +297,7 @@ def test_sample_level_losses_split_over_ranks_match_the_whole_mini_batch(runs: d
 
 def test_ranks_started_by_an_elastic_agent_train_like_the_torchrun_launch(runs: dict, tmp_path: Path) -> None:
     # What the Flyte PyTorch plugin does on a cluster: the agent starts N copies of the task body,
-    # each one a rank (engines/train_rank.py). 2 ranks here must give run A's update (1 process).
+    # each one a rank (engines/train/rank.py). 2 ranks here must give run A's update (1 process).
     import subprocess
     from dataclasses import asdict
 
@@ -356,7 +356,7 @@ def test_two_nodes_without_a_shared_filesystem_publish_through_the_object_store_
     runs: dict, tmp_path: Path, s3_env, monkeypatch: pytest.MonkeyPatch, zero_stage: int
 ) -> None:
     # Step 1: each node fetches the parent from S3, node 1 uploads its rank's optimizer shard, rank
-    # 0 adds the marker last (engines/train_rank.py). Same update as run A; both ranks' state in
+    # 0 adds the marker last (engines/train/rank.py). Same update as run A; both ranks' state in
     # the store. Step 2 resumes from it: each node fetches only its own rank's optimizer partition.
     from dataclasses import asdict
 
@@ -673,7 +673,7 @@ def test_the_owner_is_woken_by_the_result_not_by_its_polling_timer(runs: dict, w
     import time
 
     # The owner now looks for the result only every 2 minutes on its own: rank 0's poke of the
-    # owner's FIFO (engines/mailbox_wake.py) must end the wait as soon as the result is written.
+    # owner's FIFO (engines/train/mailbox_wake.py) must end the wait as soon as the result is written.
     monkeypatch.setattr(train_server, "_POLL_S", 120.0)
     t0 = time.monotonic()
     res = train_step(runs["ck0"], [runs["shard1"]], tmp_path / "woken", step=1, config=CONFIG)
@@ -685,7 +685,7 @@ _OWNER_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from dataclasses import replace
-from engines.train_launch import train_step
+from engines.train.launch import train_step
 from settings.train import TrainConfig
 from engines import train_server
 config = TrainConfig(**json.loads(sys.argv[5]))
@@ -891,7 +891,7 @@ def test_a_bf16_zero3_step_resumed_from_disk_equals_the_one_continued_in_memory(
     """The paper config's precision and ZeRO stage on 2 ranks: step 2 continued by the warm group
     from memory, and the same step launched cold, whose engine is built from the parent's config and
     takes every weight from the parent's DeepSpeed state (the parent's HF weights are not read:
-    engines/train_engine.load_policy), publish the same weights."""
+    engines/train/engine.load_policy), publish the same weights."""
     config = replace(CONFIG, precision="bf16", zero_stage=3, num_processes=2, micro_batch_samples=2)
     train_server.stop_active()
     try:

@@ -1,4 +1,4 @@
-"""engines/train_checkpoint.py: full_fp32_state, the weights the HF export writes after a step.
+"""engines/train/checkpoint.py: full_fp32_state, the weights the HF export writes after a step.
 
 Plain fp32 under ZeRO 1/2 reads the module's own parameters, which DeepSpeed refills from the
 optimizer's fp32 master partitions after every update: bit-equal to the master, with no
@@ -22,10 +22,10 @@ CONSOLIDATE = """
 import json, sys
 import torch
 import torch.distributed as dist
-from engines.train_checkpoint import full_fp32_state
-from engines.train_dist import init_process
-from engines.train_engine import build_engine
-from engines.train_spec import WorkerSpec
+from engines.train.checkpoint import full_fp32_state
+from engines.train.dist import init_process
+from engines.train.engine import build_engine
+from engines.train.spec import WorkerSpec
 from settings.train import TrainConfig
 
 rank = init_process()
@@ -62,7 +62,7 @@ print("RESULT " + json.dumps({
 
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engines.tiny_policy import build_random_checkpoint
+    from engines.bootstrap.tiny_policy import build_random_checkpoint
 
     return build_random_checkpoint(tmp_path_factory.mktemp("ck0") / "ck0", seed=0, num_layers=1, hidden_size=16,
                                    num_heads=2)

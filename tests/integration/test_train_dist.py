@@ -1,4 +1,4 @@
-"""engines/train_dist.py: a CPU rank joins its gloo group without compiling any DeepSpeed op.
+"""engines/train/dist.py: a CPU rank joins its gloo group without compiling any DeepSpeed op.
 
 On a fresh machine DeepSpeed's CPU comm backend JIT-compiled ``deepspeed_shm_comm`` into the
 torch extensions cache on the first ``init_distributed`` (~50 s quiet, 5 min on a loaded 2-core
@@ -21,7 +21,7 @@ from train_fixtures import run_single_rank  # noqa: E402
 
 JOIN = """
 import torch.distributed as dist
-from engines.train_dist import all_reduce_scalars, init_process
+from engines.train.dist import all_reduce_scalars, init_process
 rank = init_process()
 print("rank", rank, "sum", all_reduce_scalars([1.5, 2.0]), flush=True)
 dist.destroy_process_group()
@@ -39,10 +39,10 @@ def test_a_cpu_rank_joins_without_building_the_shm_comm_op(tmp_path: Path) -> No
 
 BUILD_AFTER_PRELOAD = """
 import json, sys
-from engines.train_dist import init_process
-from engines.train_engine import build_engine
-from engines.train_spec import WorkerSpec
-from engines.train_worker import _preload
+from engines.train.dist import init_process
+from engines.train.engine import build_engine
+from engines.train.spec import WorkerSpec
+from engines.train.worker import _preload
 from settings.train import TrainConfig
 init_process()
 _preload()
@@ -55,11 +55,11 @@ print("NEW " + json.dumps(sorted(set(sys.modules) - before)), flush=True)
 
 
 def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: Path) -> None:
-    # A warm group imports before its first request (engines/train_worker.py: _preload) so that
+    # A warm group imports before its first request (engines/train/worker.py: _preload) so that
     # the first step's engine build does not: deepspeed.initialize's ZeRO optimizer check imported
     # DeepSpeed's Muon optimizer, whose torch.compile decorators pull in torch._inductor and
     # torch._dynamo (1.2 of the first step's 1.5 s engine build on this 2-core machine).
-    from engines.tiny_policy import build_random_checkpoint
+    from engines.bootstrap.tiny_policy import build_random_checkpoint
 
     parent = build_random_checkpoint(tmp_path / "ck0", seed=0, num_layers=1, hidden_size=16, num_heads=2)
     stdout = run_single_rank(BUILD_AFTER_PRELOAD, str(parent), timeout_s=300)
@@ -72,7 +72,7 @@ def test_the_first_engine_build_after_the_preload_imports_no_compiler(tmp_path: 
 JOIN_WITHOUT_MLFLOW = """
 import sys
 import torch.distributed as dist
-from engines.train_dist import init_process
+from engines.train.dist import init_process
 init_process()
 print("deepspeed imported mlflow:", "mlflow" in sys.modules, flush=True)
 import mlflow  # still importable afterwards (tracking.mlflow runs in the driver, not here)
@@ -97,7 +97,7 @@ def test_a_rank_joins_without_importing_mlflow_which_stays_importable(tmp_path: 
 HOLD = """
 import pathlib, sys, time
 import torch.distributed as dist
-from engines.train_dist import all_reduce_scalars, init_process
+from engines.train.dist import all_reduce_scalars, init_process
 rank = init_process()
 total = all_reduce_scalars([1.0])
 pathlib.Path(sys.argv[1], f"ready-{rank}").write_text(str(total))
@@ -138,7 +138,7 @@ def _address(hex_address: str) -> str:
 
 
 def test_single_node_launch_names_the_loopback_address() -> None:
-    from engines.train_dist import LOOPBACK, single_node_launch
+    from engines.train.dist import LOOPBACK, single_node_launch
 
     command = single_node_launch(2)
     assert LOOPBACK == "127.0.0.1"
@@ -154,9 +154,9 @@ def test_a_one_node_group_listens_on_the_loopback_address_only(tmp_path: Path) -
     import subprocess
     import time
 
-    from engines.processes import process_tree
-    from engines.train_dist import single_node_launch
-    from engines.train_server import REPO_ROOT
+    from engines.runtime.processes import process_tree
+    from engines.train.dist import single_node_launch
+    from engines.train.server import REPO_ROOT
 
     script = tmp_path / "hold.py"
     script.write_text(HOLD)
@@ -187,7 +187,7 @@ def test_a_loopback_group_keeps_nccl_and_gloo_on_the_loopback_interface(monkeypa
     # for a one-node group until NCCL_SOCKET_IFNAME named the loopback interface.
     import os
 
-    from engines.train_dist import keep_collectives_on_loopback
+    from engines.train.dist import keep_collectives_on_loopback
 
     for variable in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
         monkeypatch.delenv(variable, raising=False)

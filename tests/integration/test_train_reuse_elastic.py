@@ -1,9 +1,9 @@
 """Elastic ranks decide the reuse of a published step as the local launch does: once, on rank 0.
 
-Two ranks started by torchrun run engines/train_rank.py: train_step_as_rank (what the Flyte PyTorch
+Two ranks started by torchrun run engines/train/rank.py: train_step_as_rank (what the Flyte PyTorch
 plugin runs on a cluster). A step published at the out folder from another batch is not this step:
 with a parent whose weights the retention policy pruned, every rank is refused with the pruned-weights
-error and the published step is kept (engines/train_publish.py: reusable_step, as the local and
+error and the published step is kept (engines/train/publish.py: reusable_step, as the local and
 object-store paths); with a whole parent, rank 0 discards it and the ranks train the step again.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import random_batch, write_scored  # noqa: E402
 
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_publish import batch_sha256_of, publish_step  # noqa: E402
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.publish import batch_sha256_of, publish_step  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 from storage import checkpoints, digests, pruning  # noqa: E402
 from storage.retention_policy import Keep  # noqa: E402

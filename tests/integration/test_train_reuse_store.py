@@ -1,8 +1,8 @@
 """A re-run's reuse check of a published train step in the object store reads only its small files.
 
-The train task (engines/train_launch.py: train_step_in_store) finds its step already uploaded when
+The train task (engines/train/launch.py: train_step_in_store) finds its step already uploaded when
 it was killed after the upload and before Flyte recorded its result. Whether that step is reused is
-decided by engines/train_publish.py: reusable_step, from the checkpoint's marker (config, batch
+decided by engines/train/publish.py: reusable_step, from the checkpoint's marker (config, batch
 sha256, train code version); a reused step's result is its StepMetrics row and timings. Neither the
 published step's weights and optimizer state nor the parent's (hundreds of GB at paper scale) may be
 downloaded for that. Driven on the local S3 server (moto) the suite starts; no worker is launched.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.train_launch import train_step_in_store
-from engines.train_publish import publish_step
+from engines.train.launch import train_step_in_store
+from engines.train.publish import publish_step
 from settings.train import TrainConfig
 from storage import checkpoints, digests, outputs, pruning, run_store
 from storage.retention_policy import Keep

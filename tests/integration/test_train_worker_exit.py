@@ -11,7 +11,7 @@ The crash cannot be provoked on demand, so this test puts one in the same place:
 the ranks: torchrun sets ``LOCAL_RANK`` for them, not for its agent) registers ``os.abort`` with
 ``atexit`` through a ``sitecustomize`` module on its ``PYTHONPATH``, which runs at the interpreter's
 teardown, as the C++ destructors do. A rank that ends with ``os._exit`` once its work is done (engines/
-train_worker.py) never reaches it; one that returns into the interpreter's exit aborts and fails the step.
+engines/train/worker.py) never reaches it; one that returns into the interpreter's exit aborts and fails the step.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from train_fixtures import assert_published_whole, random_batch, write_scored  # noqa: E402
 
-from engines.tiny_policy import build_random_checkpoint  # noqa: E402
-from engines.train_launch import train_step  # noqa: E402
-from engines.train_publish import TrainStepError  # noqa: E402
+from engines.bootstrap.tiny_policy import build_random_checkpoint  # noqa: E402
+from engines.train.launch import train_step  # noqa: E402
+from engines.train.publish import TrainStepError  # noqa: E402
 from settings.train import TrainConfig  # noqa: E402
 
 SITECUSTOMIZE = """

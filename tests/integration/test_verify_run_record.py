@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from storage.run_layout import RunLayout
-from workflows.cli import main
+from cli.main import main
 from workflows.config import load_config
 from workflows.exit_codes import BAD_INPUT, FAILED, OK
-from workflows.verify import verify_run
+from cli.verify import verify_run
 
 REPO = Path(__file__).resolve().parents[2]
 

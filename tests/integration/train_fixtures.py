@@ -143,8 +143,8 @@ def assert_published_whole(checkpoint_dir: str | Path, checkpoint_id: str, paren
     """Step ``step``'s published folder is whole: its record names this step and its parent, it holds
     every file of an HF checkpoint plus the step's metrics, timings and DeepSpeed state, and no
     staging copy is left beside it. Returns the folder."""
-    from engines.train_publish import METRICS_FILE
-    from engines.train_spec import DS_STATE_DIR
+    from engines.train.publish import METRICS_FILE
+    from engines.train.spec import DS_STATE_DIR
     from storage import checkpoints
 
     folder = Path(checkpoint_dir)

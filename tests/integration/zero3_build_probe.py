@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from engines import train_engine
-from engines.train_dist import import_deepspeed, init_process
-from engines.train_spec import WorkerSpec
+from engines.train import engine as train_engine
+from engines.train.dist import import_deepspeed, init_process
+from engines.train.spec import WorkerSpec
 
 deepspeed = import_deepspeed()  # as a rank imports it (without the MLflow client)
 

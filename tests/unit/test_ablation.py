@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from workflows.ablation import check_ladder_ends_at, ladder, rung_config, rung_settings
-from workflows.ablation_report import format_table, rung_row, write_ablation
+from cli.ablate import check_ladder_ends_at, ladder, rung_config, rung_settings
+from reports.ablation import format_table, rung_row, write_ablation
 from workflows.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_a_config_the_last_rung_would_not_reproduce_is_refused(tmp_path: Path) -
     assert "score.overlong_filtering is False where the rungs set True" in text
     assert "score.truncated_is_wrong is False where the rungs set True" in text
     assert "--set score.truncated_is_wrong=true --set score.overlong_filtering=true" in text
-    from workflows.cli import main as dapo
+    from cli.main import main as dapo
 
     assert dapo(["ablate", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(tmp_path)]) == 2
     assert list(tmp_path.iterdir()) == []  # refused before any folder was made
@@ -151,8 +151,8 @@ def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
 def _ablate(run_root: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """``dapo ablate`` of configs/ablation-tiny.yaml into ``run_root``, with the ladder itself replaced by a
     failure: only the checks before it run."""
-    from workflows import ablation
-    from workflows.cli import main
+    from cli import ablate as ablation
+    from cli.main import main
 
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the ladder was started")
@@ -192,7 +192,7 @@ def test_a_folder_of_the_ladders_name_that_is_no_ladder_is_refused_leaving_it_as
 
 
 def test_an_interrupted_ladder_folder_is_resumed_not_refused(tmp_path: Path, base) -> None:
-    from workflows.ablation import check_ladder_folder
+    from cli.ablate import check_ladder_folder
 
     folder = tmp_path / f"{base.run.name}-ladder"
     check_ladder_folder(base, folder)  # not there yet

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from dapo_core.answers import to_integer_answer
 from dapo_core.rewards import score_responses
-from engines.verifier_pool import process_judge, shutdown_verifier_pool
+from engines.score.verifier_pool import process_judge, shutdown_verifier_pool
 
 TIMEOUT_S = 20.0  # generous: a loaded 2-core machine; these tests are about verdicts
 _SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

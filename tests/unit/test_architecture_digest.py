@@ -1,4 +1,4 @@
-"""engines/vllm_engine.architecture_digest: the engine's and the tokenizer's key of a round read
+"""engines/rollout/vllm_engine.architecture_digest: the engine's and the tokenizer's key of a round read
 the tokenizer files once between them, and a changed file changes the key."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engines import vllm_engine
+from engines.rollout import vllm_engine
 from storage import digests
 
 

@@ -1,4 +1,4 @@
-"""engines/batching.py: a step's batch is its kept groups, and a group is one (step, round, problem,
+"""engines/batch/stage.py: a step's batch is its kept groups, and a group is one (step, round, problem,
 checkpoint) (dapo_core.sampling.group_key), also where two steps generate from one checkpoint."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pyarrow as pa
 
 import schemas
 from dapo_core.sampling import group_key
-from engines.batching import assemble_tables
-from engines.scoring import group_keys_of
+from engines.batch.stage import assemble_tables
+from engines.score.stage import group_keys_of
 
 PID, CKPT, G = "a" * 16, "bootstrap-0000-x", 4
 

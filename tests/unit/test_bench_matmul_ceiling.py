@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from rollout_throughput import fused_weights, matmul_ceiling  # noqa: E402
 
-from engines import tiny_policy  # noqa: E402
+from engines.bootstrap import tiny_policy  # noqa: E402
 
 
 def test_fused_matrices_compute_what_the_models_layers_compute() -> None:

@@ -88,7 +88,7 @@ def test_the_record_after_a_publish_does_not_read_the_large_files_again(tmp_path
 def test_the_process_that_published_a_checkpoint_vouches_for_its_optimizer_state_without_reading_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The next step checks the parent's ds_state/ against its digest record before resuming it
-    (engines/train_checkpoint.py: resumes_optimizer_state): in the process that published and recorded
+    (engines/train/checkpoint.py: resumes_optimizer_state): in the process that published and recorded
     it the files' sha256s are known (same inode, size, mtime), so the check reads none of them again;
     another process hashes them. The update count travels in the metadata, absent = None (older ones)."""
     import builtins

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_launch import FakeBackend, backend, decoded, flyte_config_file  # noqa: F401 (fixture)
-from workflows import cli
+from cli import main as cli
 from workflows.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

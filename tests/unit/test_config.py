@@ -227,7 +227,7 @@ def test_pipelined_retention_keeps_the_policy_the_next_rollouts_use() -> None:
 
 def test_the_default_configs_are_found_from_any_working_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`dapo run` and `dapo ablate` without --config, run outside the checkout's root."""
-    from workflows.cli import build_parser
+    from cli.main import build_parser
 
     monkeypatch.chdir(tmp_path)
     for command, name in (("run", "tiny-cpu.yaml"), ("ablate", "ablation-addsub.yaml")):

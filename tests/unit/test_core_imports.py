@@ -37,7 +37,7 @@ def test_bare_package_import_is_light() -> None:
 
 
 # Processes, sockets, shared memory and files belong to engines/ and storage/ (docs/ARCHITECTURE.md);
-# the verifier's process pool, for one, is engines/verifier_pool.py.
+# the verifier's process pool, for one, is engines/score/verifier_pool.py.
 _NO_PROCESSES_OR_FILES = ("subprocess", "multiprocessing", "socket", "mmap", "tempfile", "shutil", "os", "pathlib", "io")
 
 

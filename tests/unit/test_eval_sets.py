@@ -10,7 +10,7 @@ import pytest
 
 import schemas
 from dapo_core.answers import problem_id
-from engines.eval_sets import load_eval_set
+from engines.evaluate.eval_sets import load_eval_set
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 AIME_X32 = DATA / "aime-2024.dapo-x32.parquet"

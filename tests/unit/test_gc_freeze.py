@@ -1,5 +1,5 @@
 """What is alive when the steps begin is frozen out of the garbage collector's scans
-(engines/gc_heap.py, called by the driver), collecting first so that no garbage is frozen with it."""
+(engines/runtime/gc_heap.py, called by the driver), collecting first so that no garbage is frozen with it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 # In a process of its own: frozen objects stay for the life of the process.
 _SCRIPT = """
 import gc, weakref
-from engines.gc_heap import freeze_long_lived
+from engines.runtime.gc_heap import freeze_long_lived
 class Node:
     pass
 gc.disable()  # only the call under test collects

@@ -61,7 +61,7 @@ def test_naive_handoff_of_the_paper_config_by_hand() -> None:
     w, o = 65_527_752_704, 393_166_516_224
     # written: the export + every rank's ds_state shard; read: 2 rollout nodes + the Ray head each
     # fetch the weights (storage.checkpoints.fetch_policy: no optimizer state), 2 train nodes each
-    # fetch their 8 ranks' half of the optimizer state, not the weights (engines/train_rank.py)
+    # fetch their 8 ranks' half of the optimizer state, not the weights (engines/train/rank.py)
     assert naive.written_bytes == w + o
     assert naive.read_bytes == (2 + 1) * w + o
     # seconds at 1.25 GB/s per node, 20 GB/s in all: upload, busiest node = rank 0's: export +
@@ -177,7 +177,7 @@ def test_run_storage_with_and_without_retention_by_hand() -> None:
 
 
 def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None:
-    from infra.deploy import describe_handoff
+    from cli.deploy import describe_handoff
     from workflows.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "qwen2.5-32b-dapo.yaml")

@@ -24,7 +24,8 @@ from flyte.remote._task import LazyEntity, TaskDetails
 from flyte.types import TypeEngine
 from flyteidl2.task import task_definition_pb2
 
-from workflows import cli, driver
+from cli import main as cli
+from workflows import driver
 from workflows.config import RunConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,8 +1,7 @@
 """Imports run one way: each package imports only packages in layers below it (docs/ARCHITECTURE.md).
 
 Every import statement counts, also those inside functions (a lazy import still couples the
-code). ``infra.deploy`` is the one module outside its package's layer: it serialises every task
-for a cluster, so it sits on top with the CLI.
+code). The unit of a layer is a top-level package; no module is a special case.
 """
 
 from __future__ import annotations
@@ -25,13 +24,14 @@ LAYERS: dict[str, int] = {
     "tracking": 3,  # experiment trackers: TensorBoard, W&B offline, MLflow file store
     "engines": 4,  # the work: curation, vLLM rollout, scoring, DeepSpeed training, evaluation
     "tasks": 5,  # the Flyte tasks: read inputs, call an engine, write outputs
-    "workflows": 6,  # the driver, configs, CLI, lineage, reports
-    "infra.deploy": 7,  # `dapo deploy`: serialises every task and reads run configs, so on top
+    "reports": 5,  # pages and charts: plain records in, pages out
+    "workflows": 6,  # the pipeline: the driver task, the step loop, run configs and binding
+    "cli": 7,  # every face of the `dapo` command, deploy included
 }
 
 
 def unit_of(module: str) -> str:
-    return "infra.deploy" if module == "infra.deploy" or module.startswith("infra.deploy.") else module.split(".")[0]
+    return module.split(".")[0]
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -81,7 +81,7 @@ def test_the_check_catches_an_upward_and_a_sideways_import(tmp_path: Path) -> No
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "dapo_core" / "losses.py").write_text("def f():\n    from workflows.config import RunConfig\n")
     (tmp_path / "schemas" / "models.py").write_text("import settings.train\n")
-    (tmp_path / "tasks" / "train.py").write_text("from engines.train_launch import train_step\nimport torch\n")
+    (tmp_path / "tasks" / "train.py").write_text("from engines.train.launch import train_step\nimport torch\n")
     found = layer_violations(tmp_path, ("dapo_core", "engines", "tasks", "workflows", "schemas", "settings"))
     assert found == [
         "dapo_core/losses.py:2: dapo_core (layer 0) imports workflows.config (layer 6)",

@@ -1,7 +1,7 @@
 """The trainer's log-probs equal the model's own forward for every architecture, chunked or not.
 
 With ``logprob_chunk_tokens > 0`` the trainer applies the output head to the final hidden states
-itself (engines/train_engine.py: forward_log_probs). Some architectures post-process
+itself (engines/train/engine.py: forward_log_probs). Some architectures post-process
 ``lm_head``'s output in their forward (Gemma 2/3's soft-capping, Cohere's ``logit_scale``,
 Granite's ``logits_scaling``); the chunked head must do the same. Each case builds a tiny random
 model from its config class, with the post-processing set to a value far from a no-op, and
@@ -18,9 +18,9 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from engines import train_engine
-from engines.train_engine import forward_log_probs
-from engines.train_spec import TrainStepFailure
+from engines.train import engine as train_engine
+from engines.train.engine import forward_log_probs
+from engines.train.spec import TrainStepFailure
 
 V = 128
 _SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -1,4 +1,4 @@
-"""The warm worker group's wake-ups (engines/mailbox_wake.py): a poke ends a wait, a lost poke is harmless."""
+"""The warm worker group's wake-ups (engines/train/mailbox_wake.py): a poke ends a wait, a lost poke is harmless."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import select
 import threading
 from pathlib import Path
 
-from engines import mailbox_wake
+from engines.train import mailbox_wake
 
 
 def test_a_poke_ends_a_long_wait_and_is_drained(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ def test_a_folder_without_config_json_names_the_path(tmp_path: Path) -> None:
 
 def test_deploy_sizes_a_bootstrap_source_folder_from_its_config_json() -> None:
     # Before: "no known architecture in its name; pass --model one of ['qwen2.5-32b']" (exit 2).
-    from infra.deploy import architecture_for
+    from cli.deploy import architecture_for
 
     for name in ("Qwen2.5-7B", "Llama-3.1-8B", "Qwen2.5-0.5B"):
         arch = architecture_for(str(CONFIGS / name))
@@ -71,7 +71,7 @@ def test_deploy_sizes_a_bootstrap_source_folder_from_its_config_json() -> None:
 
 
 def test_deploy_names_config_json_when_the_source_cannot_be_sized(tmp_path: Path) -> None:
-    from infra.deploy import DeployInputError, architecture_for
+    from cli.deploy import DeployInputError, architecture_for
 
     with pytest.raises(DeployInputError, match="config.json"):
         architecture_for(str(tmp_path / "Some-Model-7B"))

@@ -26,8 +26,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engines import policy_bootstrap as bs
-from engines.tiny_policy import build_random_checkpoint
+from engines.bootstrap import stage as bs
+from engines.bootstrap.tiny_policy import build_random_checkpoint
 from settings.checks import FieldError
 from settings.train import TrainConfig
 from storage import checkpoints, digests
@@ -71,7 +71,7 @@ def test_an_import_takes_weights_config_and_tokenizer_only(model: Path, tmp_path
 
 
 def test_the_payload_runs_under_a_full_unpickle_and_never_under_the_weights_only_one(tmp_path: Path) -> None:
-    from engines.train_checkpoint import weights_only_unpickling
+    from engines.train.checkpoint import weights_only_unpickling
 
     state = add_malicious_state(tmp_path / "ck", tmp_path / "pwned")
     payload = state / "step000001" / "mp_rank_00_model_states.pt"
@@ -87,7 +87,7 @@ def test_the_weights_only_unpickler_loads_deepspeeds_own_records(tmp_path: Path)
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    from engines.train_checkpoint import weights_only_unpickling
+    from engines.train.checkpoint import weights_only_unpickling
 
     saved = {"loss_scaler": LossScaler(1.0), "zero_stage": ZeroStageEnum.optimizer_states,
              "address": fragment_address(numel=4, start=0), "moments": [torch.ones(3)]}
@@ -103,7 +103,7 @@ def test_the_weights_only_unpickler_loads_deepspeeds_own_records(tmp_path: Path)
 
 
 def test_only_state_that_the_digest_record_vouches_for_is_resumed(model: Path, tmp_path: Path) -> None:
-    from engines.train_checkpoint import resumes_optimizer_state
+    from engines.train.checkpoint import resumes_optimizer_state
 
     ck = as_train_checkpoint(_copy(model, tmp_path / "step-0001"))
     add_malicious_state(ck, tmp_path / "pwned")
@@ -128,7 +128,7 @@ def test_only_state_that_the_digest_record_vouches_for_is_resumed(model: Path, t
 
 def test_a_step0_policy_never_resumes_optimizer_state_even_recorded(model: Path, tmp_path: Path) -> None:
     # A run folder imported before imports left ds_state/ out holds one, vouched for by its record.
-    from engines.train_checkpoint import resumes_optimizer_state
+    from engines.train.checkpoint import resumes_optimizer_state
 
     ck = _copy(model, tmp_path / "step-0000")
     add_malicious_state(ck, tmp_path / "pwned")
@@ -137,7 +137,7 @@ def test_a_step0_policy_never_resumes_optimizer_state_even_recorded(model: Path,
 
 
 def _dapo_train(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    from workflows.commands import train as train_cli
+    from cli import train as train_cli
 
     parser = argparse.ArgumentParser()
     train_cli.add_arguments(parser)
@@ -175,7 +175,7 @@ WARM = TrainConfig(updates_per_step=2, warmup_steps=5)
 
 
 def test_the_schedule_starts_at_the_parents_recorded_update_count(model: Path, tmp_path: Path) -> None:
-    from engines.train_launch import schedule_start
+    from engines.train.launch import schedule_start
 
     fresh = replace(WARM, resume_optimizer=False)
     assert schedule_start(model, config=WARM, resume=False) == 0  # a step-0 policy
@@ -188,7 +188,7 @@ def test_the_schedule_starts_at_the_parents_recorded_update_count(model: Path, t
 
 
 def test_an_unknown_count_is_refused_only_where_a_warm_up_needs_it(model: Path, tmp_path: Path) -> None:
-    from engines.train_launch import TrainInputError, schedule_start
+    from engines.train.launch import TrainInputError, schedule_start
 
     legacy = _launch_parent(model, tmp_path / "legacy", optimizer_updates=None, state=False)
     with pytest.raises(TrainInputError, match=rf"{legacy} \(step 3\) was written before .*\(train.warmup_steps=5\)"):
@@ -197,7 +197,7 @@ def test_an_unknown_count_is_refused_only_where_a_warm_up_needs_it(model: Path, 
 
 
 def test_a_parent_without_the_state_asked_for_is_refused_in_one_line(model: Path, tmp_path: Path) -> None:
-    from engines.train_launch import TrainInputError, schedule_start
+    from engines.train.launch import TrainInputError, schedule_start
 
     pruned = _launch_parent(model, tmp_path / "step-0003", optimizer_updates=6, state=False)
     with pytest.raises(TrainInputError) as refused:
@@ -219,7 +219,7 @@ def test_keeping_no_optimizer_state_while_resuming_it_is_refused_when_the_config
 @settings(max_examples=60, deadline=None)
 @given(warmup=st.integers(0, 12), start=st.integers(0, 30), more=st.integers(1, 8))
 def test_a_schedule_started_at_n_updates_goes_on_as_one_stepped_n_times(warmup: int, start: int, more: int) -> None:
-    from engines.train_engine import warmup_lr_factor, warmup_scheduler
+    from engines.train.engine import warmup_lr_factor, warmup_scheduler
 
     def lrs(updates_done: int, steps: int, skip: int) -> list[float]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)

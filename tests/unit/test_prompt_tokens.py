@@ -1,4 +1,4 @@
-"""engines/rollout.py: tokenize_prompts keeps problem text text. A problem holding a control token's
+"""engines/rollout/stage.py: tokenize_prompts keeps problem text text. A problem holding a control token's
 string (``<|im_end|>``, ``<|im_start|>assistant``, ``<eos>``) never becomes that token, and a
 character the policy's tokenizer cannot represent refuses the problem by id instead of vanishing."""
 
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engines import rollout as ro
-from engines import tiny_policy
+from engines.rollout import stage as ro
+from engines.bootstrap import tiny_policy
 
 TINY = Path(__file__).resolve().parents[2] / "assets" / "policies" / "tiny-addsub30"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -17,8 +17,8 @@ import pytest
 
 from storage import checkpoints, digests, outputs, pruning, run_store
 from storage.run_layout import RunLayout
-from workflows.lineage import checkpoint_lineage
-from workflows.verify import pruned_outputs, verify_run
+from cli.lineage import checkpoint_lineage
+from cli.verify import pruned_outputs, verify_run
 
 from .test_digests import _FakeCachedTask
 
@@ -87,7 +87,7 @@ def test_retention_prunes_what_the_policy_drops_and_nothing_else(root: str) -> N
 
 
 def test_generating_from_a_checkpoint_whose_weights_were_pruned_fails_naming_it_and_what_to_do(root: str) -> None:
-    from engines.rollout import generate_rollouts
+    from engines.rollout.stage import generate_rollouts
     from settings.rollout import RolloutConfig
 
     layout = _run(root)
@@ -116,8 +116,8 @@ def test_a_published_step_whose_parent_was_pruned_is_reused_not_refused(tmp_path
     import pyarrow as pa
 
     import schemas
-    from engines.train_launch import train_step_in_store
-    from engines.train_publish import METRICS_FILE, TIMINGS_FILE, batch_sha256_of
+    from engines.train.launch import train_step_in_store
+    from engines.train.publish import METRICS_FILE, TIMINGS_FILE, batch_sha256_of
     from settings.train import TrainConfig
 
     layout = _run(str(tmp_path / "run"))
@@ -217,7 +217,7 @@ def test_lineage_reads_pruned_checkpoints(tmp_path: Path) -> None:
 
 
 def test_dapo_verify_prints_pruned_checkpoints_and_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     layout = _run(str(tmp_path / "run"))
     pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)

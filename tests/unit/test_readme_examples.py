@@ -22,14 +22,14 @@ import pytest
 
 from readers.problem_files import parse_input_spec
 from readers.synthetic import parse_terms
-from workflows.cli import SUBCOMMANDS, build_parser
+from cli.main import SUBCOMMANDS, build_parser
 from workflows.config import ConfigError, RunConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 DEFAULT_CONFIG = REPO / "configs" / "tiny-cpu.yaml"
-RUN_ROOT = "runs"  # workflows/pipeline.py: DEFAULT_RUN_ROOT
+RUN_ROOT = "runs"  # cli/run.py: DEFAULT_RUN_ROOT
 
 
 @dataclass(frozen=True)

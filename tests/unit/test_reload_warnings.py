@@ -1,10 +1,10 @@
-"""engines/reload_warnings.py: only the expected "Failed to load weights" records are dropped."""
+"""engines/rollout/reload_warnings.py: only the expected "Failed to load weights" records are dropped."""
 
 from __future__ import annotations
 
 import logging
 
-from engines import reload_warnings
+from engines.rollout import reload_warnings
 
 
 def _logged(layers: frozenset[str], names: list[str]) -> list[str]:

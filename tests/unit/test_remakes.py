@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from storage import digests, outputs, remakes, run_store
 from workflows.verified_calls import call_verified
-from workflows.verify import verify_run
+from cli.verify import verify_run
 
 from .test_digests import _FakeCachedTask, _publish_checkpoint
 

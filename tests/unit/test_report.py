@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.report import headline, integer, pct, pts, seconds, write_report
+from reports.run import headline, integer, pct, pts, seconds, write_report
 
 
 def test_report_skips_empty_plots_and_tolerates_missing_values(tmp_path: Path) -> None:

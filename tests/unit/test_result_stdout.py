@@ -1,4 +1,4 @@
-"""A stage command's stdout holds its result alone (workflows/commands/result_stdout.py)."""
+"""A stage command's stdout holds its result alone (cli/result_stdout.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.commands.result_stdout import result_stdout
+from cli.result_stdout import result_stdout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 # handler on sys.stdout before the command began (vLLM's default stream).
 _COMMAND = """
 import logging, os, subprocess, sys
-from workflows.commands.result_stdout import result_stdout
+from cli.result_stdout import result_stdout
 logger = logging.getLogger("library")
 logger.addHandler(logging.StreamHandler(sys.stdout))
 with result_stdout():

@@ -19,7 +19,7 @@ import pytest
 
 from storage import digests, outputs, run_store
 from workflows.verified_calls import call_verified
-from workflows.verify import verify_run
+from cli.verify import verify_run
 
 from .test_digests import _FakeCachedTask, _flip, _publish_checkpoint
 

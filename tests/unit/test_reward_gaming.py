@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dapo_core.answer_extraction import ANSWER_WINDOW_CHARS, extract_answer
 from dapo_core.rewards import score_response, score_responses
-from engines.verifier_pool import process_judge, shutdown_verifier_pool
+from engines.score.verifier_pool import process_judge, shutdown_verifier_pool
 
 TIMEOUT_S = 20.0  # generous: a loaded 2-core machine; these tests are about verdicts
 

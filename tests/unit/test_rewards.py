@@ -28,14 +28,14 @@ from dapo_core.rewards import (
     score_responses,
     summarize_verdicts,
 )
-from engines import verifier_pool
-from engines.verifier_pool import (
+from engines.score import verifier_pool
+from engines.score.verifier_pool import (
     process_judge,
     shutdown_verifier_pool,
     verifier_pool_stats,
 )
 
-# What the pipeline's scoring and evaluation pass (engines/verifier_pool.py).
+# What the pipeline's scoring and evaluation pass (engines/score/verifier_pool.py).
 POOL = process_judge()
 
 # Generous: a loaded 2-core CI machine can be slow, and these tests are about verdicts, not speed.

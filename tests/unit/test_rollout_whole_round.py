@@ -1,4 +1,4 @@
-"""A round's results cover every request it asked for, on either engine path (engines/rollout.py).
+"""A round's results cover every request it asked for, on either engine path (engines/rollout/stage.py).
 
 The engines are faked: each part's results come from a stand-in ``generate_part`` that can lose a
 request, as an engine returning fewer outputs than prompts would (``generate_part`` pairs requests
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engines import rollout as ro
+from engines.rollout import stage as ro
 
 
 def _requests(problems: int, samples: int) -> list[dict[str, Any]]:

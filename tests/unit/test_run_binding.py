@@ -118,7 +118,7 @@ def test_a_run_root_that_cannot_be_written_is_refused_in_one_line(tmp_path: Path
     folder is writable, so the refusal is checked through os.access, as a non-root user sees it."""
     import os as os_module
 
-    from workflows.cli import main
+    from cli.main import main
 
     root = tmp_path / "readonly"
     root.mkdir()
@@ -176,7 +176,7 @@ def test_a_second_driver_is_refused_while_the_first_lives(tmp_path: Path) -> Non
 
 
 def test_stale_train_temp_folders_are_removed(tmp_path: Path) -> None:
-    from engines.train_launch import clean_stale_temp_dirs
+    from engines.train.launch import clean_stale_temp_dirs
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -216,7 +216,7 @@ def test_a_record_from_before_run_pipelined_resumes_synchronously_only() -> None
 
 def test_a_run_root_that_is_a_file_is_refused_before_anything_is_created(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     root = tmp_path / "rootfile"
     root.write_text("not a folder")
@@ -229,7 +229,7 @@ def test_a_run_root_that_is_a_file_is_refused_before_anything_is_created(
 
 
 def test_ablate_refuses_a_rung_the_ladder_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workflows.cli import main
+    from cli.main import main
 
     for rungs in (["9"], ["2", "-1"]):
         argv = ["ablate", "--config", str(REPO / "configs" / "ablation-addsub.yaml"), "--run-root", str(tmp_path), "--rungs", *rungs]
@@ -242,8 +242,8 @@ def test_a_stop_that_reaches_the_command_line_says_which_signal(monkeypatch: pyt
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """A SIGTERM that lands outside the driver's own handling (e.g. while the summary is printed) reaches
     `dapo` as the pipeline's Terminated: one line naming SIGTERM and 143, not Ctrl-C's 130."""
-    from workflows import cli
-    from workflows.pipeline import Terminated
+    from cli import main as cli
+    from cli.run import Terminated
 
     def stopped(argv: list[str]) -> int:
         raise Terminated

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from infra import model_shape, sizing
-from workflows import pipeline
+from cli import run as pipeline
 from workflows.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ SOURCE = f"bootstrap.source={QWEN_05B}"
 
 def _dapo_run(*argv: str, cwd: Path = REPO) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "workflows.cli", "run", *argv], cwd=cwd, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "run", *argv], cwd=cwd, capture_output=True,
                           text=True, timeout=120)
     return proc, time.perf_counter() - started
 

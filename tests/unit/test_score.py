@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 import schemas
-from engines.scoring import score_table
+from engines.score.stage import score_table
 from settings.score import ScoreConfig
 
 PID_A, PID_B = "a" * 16, "b" * 16
@@ -74,7 +74,7 @@ def test_without_dynamic_sampling_every_group_is_kept_and_unknown_problems_are_e
 def _groups_from_shard(scored: pa.Table) -> list[tuple[str, str, str]]:
     """(group key, filter reason, problem id) per group in first-row order, read from the rows:
     what the driver used to re-read the scored shard for."""
-    from engines.scoring import group_keys_of
+    from engines.score.stage import group_keys_of
 
     seen: dict[str, tuple[str, str]] = {}
     for key, reason, pid in zip(group_keys_of(scored), scored.column("filter_reason").to_pylist(),

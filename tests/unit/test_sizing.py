@@ -84,7 +84,7 @@ def test_paper_config_plan() -> None:
     assert plan.rollout_tensor_parallel == 4 and plan.rollout_engines == 8 and plan.rollout_nodes == 4
     warnings = " ".join(plan.warnings())
     assert "micro_batch_samples=2" in warnings and "num_processes=8" in warnings
-    assert "node" not in warnings  # several nodes are a PyTorch Elastic job (engines/train_rank.py), not a problem
+    assert "node" not in warnings  # several nodes are a PyTorch Elastic job (engines/train/rank.py), not a problem
 
 
 def test_chunked_log_probs_halve_the_training_gpus() -> None:

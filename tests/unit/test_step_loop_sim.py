@@ -196,7 +196,7 @@ def test_a_pool_smaller_than_a_step_is_refused_before_any_generation() -> None:
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_the_default_config_shape_over_its_epochs(seed: int) -> None:
     """configs/tiny-cpu.yaml's loop (its run section) over its own curated train split, for all its steps."""
-    from engines.curation import curate_records
+    from engines.curate.stage import curate_records
     from readers.problem_files import read_input
     from workflows.config import load_config
 

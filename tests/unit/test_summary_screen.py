@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workflows.driver import _best_eval, _interval
-from workflows.pipeline import format_summary
+from cli.run import format_summary
 
 
 def _summary(**extra: object) -> dict:

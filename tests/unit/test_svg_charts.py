@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workflows.svg_charts import (
+from reports.svg_charts import (
     HEIGHT_PX,
     WIDTH_PX,
     Series,

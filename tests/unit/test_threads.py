@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engines import threads
+from engines.runtime import threads
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_stages_running_side_by_side_split_the_cores(no_omp, monkeypatch) -> Non
 
     with threads.sharing_cores(2):
         assert threads.cpu_threads() == 1  # the vLLM engine's share, and each trainer rank's
-        from engines.train_launch import _worker_env
+        from engines.train.launch import _worker_env
 
         assert _worker_env(1)["OMP_NUM_THREADS"] == "1"
         assert threads.cpu_threads(2) == 2  # an explicit count still wins
@@ -40,7 +40,7 @@ def test_stages_running_side_by_side_split_the_cores(no_omp, monkeypatch) -> Non
 
 
 def test_trainer_ranks_split_the_cores_without_an_engine_having_run(no_omp, monkeypatch) -> None:
-    from engines.train_launch import _worker_env
+    from engines.train.launch import _worker_env
 
     monkeypatch.setattr(threads, "available_cpus", lambda: 8)
     assert _worker_env(2)["OMP_NUM_THREADS"] == "4"
@@ -49,7 +49,7 @@ def test_trainer_ranks_split_the_cores_without_an_engine_having_run(no_omp, monk
 
 
 def test_one_thread_at_a_time_uses_the_process_engine() -> None:
-    from engines import vllm_engine
+    from engines.rollout import vllm_engine
 
     inside: list[int] = []
     overlaps: list[int] = []

@@ -1,5 +1,5 @@
-"""The tiny policy's tokenizer and checkpoint construction (engines/tiny_policy.py) and its warm-up
-pieces (engines/tiny_warmup.py); no vLLM here."""
+"""The tiny policy's tokenizer and checkpoint construction (engines/bootstrap/tiny_policy.py) and its warm-up
+pieces (engines/bootstrap/tiny_warmup.py); no vLLM here."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engines import tiny_policy, tiny_warmup
+from engines.bootstrap import tiny_policy, tiny_warmup
 from readers.synthetic import ALPHABET
 from storage import checkpoints
 

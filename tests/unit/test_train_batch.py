@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 import torch
 
 from dapo_core.losses import policy_loss, policy_loss_reference
-from engines import train_batch as tb
-from engines.train_engine import warmup_lr_factor
-from engines.train_step import backward_scale
+from engines.train import batch as tb
+from engines.train.engine import warmup_lr_factor
+from engines.train.step import backward_scale
 from infra.deepspeed import build_deepspeed_config
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
@@ -200,7 +200,7 @@ def test_the_launch_hands_the_workers_the_sha256_of_what_it_validated(tmp_path: 
     """The train task validates the batch once; the workers skip the schema checks for those bytes only."""
     import hashlib
 
-    from engines.train_launch import _check_batches
+    from engines.train.launch import _check_batches
     from settings.train import TrainConfig
 
     write_scored(tmp_path / "batch.parquet", random_batch(3, 4, vocab=20))

@@ -1,6 +1,6 @@
 """A published train step is reused only when the train stage's code is the code that trained it.
 
-engines/train_publish.py records the train stage's cache version (infra/versioning.py: the import
+engines/train/publish.py records the train stage's cache version (infra/versioning.py: the import
 closure of tasks/train.py) in the checkpoint's inputs beside the config and the batch sha256, and
 ``made_from`` compares all three: a fixed loss trains the step again, and everything downstream
 follows (its upstream digest changes). A checkpoint published before the version was recorded is
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engines import train_publish
-from engines.train_publish import batch_sha256_of, made_from, publish_step, train_code_version
+from engines.train import publish as train_publish
+from engines.train.publish import batch_sha256_of, made_from, publish_step, train_code_version
 from settings.train import TrainConfig
 from storage import checkpoints, pruning
 
@@ -76,7 +76,7 @@ def _step_4_published_from_a_pruned_parent(tmp_path: Path, code_version: str) ->
     import pyarrow as pa
 
     import schemas
-    from engines.train_publish import METRICS_FILE, TIMINGS_FILE
+    from engines.train.publish import METRICS_FILE, TIMINGS_FILE
 
     layout = _run(str(tmp_path / "run"))
     pruning.apply_retention({s: layout.checkpoint(s) for s in STEPS}, latest=5, keep_optimizer_last=1, keep_weights_every=2)
@@ -95,7 +95,7 @@ def _step_4_published_from_a_pruned_parent(tmp_path: Path, code_version: str) ->
 
 
 def test_a_resume_with_the_same_train_code_reuses_the_step_its_pruned_parent_cannot_retrain(tmp_path: Path) -> None:
-    from engines.train_launch import train_step_in_store
+    from engines.train.launch import train_step_in_store
 
     parent, out, batch = _step_4_published_from_a_pruned_parent(tmp_path, train_code_version())
     assert train_step_in_store(parent, [batch], out, step=4, config=CONFIG).checkpoint_id == "train-0004-abc"
@@ -105,7 +105,7 @@ def test_a_resume_with_fixed_train_code_trains_the_step_again_and_a_pruned_paren
         tmp_path: Path) -> None:
     # The published step is not reused (its code is another): training it again needs the parent's
     # weights, which the retention policy pruned, so the step is refused naming the parent.
-    from engines import train_launch
+    from engines.train import launch as train_launch
 
     parent, out, batch = _step_4_published_from_a_pruned_parent(tmp_path, OTHER_CODE)
     with pytest.raises(pruning.PrunedWeightsError, match="step-0003"):
@@ -129,7 +129,7 @@ class _Trains(Exception):
 @pytest.mark.parametrize("published_by", ["this code", "other code"])
 def test_an_elastic_rank_reuses_only_a_step_published_by_this_train_code(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, published_by: str) -> None:
-    from engines import train_rank
+    from engines.train import rank as train_rank
 
     parent, out, batch = _step_4_published_from_a_pruned_parent(
         tmp_path, train_code_version() if published_by == "this code" else OTHER_CODE)
@@ -145,7 +145,7 @@ def test_an_elastic_rank_reuses_only_a_step_published_by_this_train_code(
         assert result is not None and result.checkpoint_id == "train-0004-abc"
     else:
         # Not reused, and its pruned parent cannot train it again: refused as on the local path
-        # (engines/train_publish.py: reusable_step), the published step kept for the code that made it.
+        # (engines/train/publish.py: reusable_step), the published step kept for the code that made it.
         with pytest.raises(pruning.PrunedWeightsError, match="step-0003"):
             train_rank.train_step_as_rank(parent, [batch], out, step=4, config=CONFIG)
         assert checkpoints.read_info(out).inputs["train_code_version"] == OTHER_CODE

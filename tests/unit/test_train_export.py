@@ -1,4 +1,4 @@
-"""The training step's HF export (engines/train_checkpoint.py: export_hf) writes what transformers'
+"""The training step's HF export (engines/train/checkpoint.py: export_hf) writes what transformers'
 ``save_pretrained`` writes for the same weights: the same files, byte for byte (so a step's
 checkpoint id does not change), in fp32 and bf16, for a tied-embedding model and an untied one.
 save_pretrained is the slow, obvious reference; the export writes the files directly, without a
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from engines.train_checkpoint import export_hf
-from engines.train_spec import TrainStepFailure
+from engines.train.checkpoint import export_hf
+from engines.train.spec import TrainStepFailure
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "policies" / "tiny-addsub30"
 
@@ -81,7 +81,7 @@ def test_export_reads_the_parents_config_not_its_weights(tmp_path: Path, monkeyp
     """The export's layout (JSON files, parameter names) comes from the parent's config: a parent
     folder without its weights exports the same bytes. It used to load the parent's whole model on
     rank 0, at every step of a fresh train pod: 65.5 GB read and a Qwen2.5-32B built on the CPU."""
-    from engines import train_checkpoint
+    from engines.train import checkpoint as train_checkpoint
 
     parent = _parent(tmp_path, tied=tied)
     state = _trained_state(parent)

@@ -1,8 +1,8 @@
 """The cluster topology's two switches, run here: the plan's training nodes and the Ray cluster to attach to.
 
 The train task (tasks/train.py) trains on the deployment plan's ``train_nodes`` local elastic agents
-(engines/train_nodes.py) when it is not a rank itself, and launches its own torchrun otherwise; the
-rollout (engines/rollout.py) joins the Ray cluster that ``RAY_ADDRESS`` names before it counts GPUs, so
+(engines/train/nodes.py) when it is not a rank itself, and launches its own torchrun otherwise; the
+rollout (engines/rollout/stage.py) joins the Ray cluster that ``RAY_ADDRESS`` names before it counts GPUs, so
 the cluster's GPUs decide the engines. Both are parameters of the one code path; the end-to-end run
 is tests/e2e/test_cluster_shape.py.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from engines import train_nodes
-from engines.train_publish import TrainStepResult
+from engines.train import nodes as train_nodes
+from engines.train.publish import TrainStepResult
 from settings.rollout import RolloutConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def _result(out_dir: str) -> TrainStepResult:
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     """Which launch the train task picked: (name, nodes or None), recorded instead of training."""
-    import engines.train_launch as train_launch
+    import engines.train.launch as train_launch
 
     called: list[tuple[str, Any]] = []
     for name in _ELASTIC_VARS:
@@ -83,7 +83,7 @@ def test_without_a_plan_the_train_task_launches_its_own_torchrun_as_before(
 
 
 def test_each_node_has_a_mirror_of_its_own_and_the_ranks_environment_of_the_local_launch(tmp_path: Path) -> None:
-    from engines.train_launch import _worker_env
+    from engines.train.launch import _worker_env
 
     layout = train_nodes.NodeLayout(nodes=2, nproc_per_node=1)
     envs = [train_nodes._agent_env(layout, node, tmp_path) for node in (0, 1)]
@@ -95,7 +95,7 @@ def test_each_node_has_a_mirror_of_its_own_and_the_ranks_environment_of_the_loca
             k: v for k, v in expected.items() if k != run_store.MIRROR_ENV}
     commands = [train_nodes._agent_command(layout, node, 29500, tmp_path) for node in (0, 1)]
     assert [c[c.index("--node_rank") + 1] for c in commands] == ["0", "1"]
-    assert all(c[-3:-1] == ["-m", "engines.train_nodes"] for c in commands)
+    assert all(c[-3:-1] == ["-m", "engines.train.nodes"] for c in commands)
 
 
 class _Counted(Exception):
@@ -106,7 +106,7 @@ def test_a_driver_given_ray_address_attaches_to_that_cluster_and_spreads_the_rou
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ray = pytest.importorskip("ray")
-    from engines import rollout as ro
+    from engines.rollout import stage as ro
 
     joined: list[Any] = []
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
@@ -132,7 +132,7 @@ def test_a_driver_given_ray_address_attaches_to_that_cluster_and_spreads_the_rou
 
 def test_without_ray_address_a_round_starts_no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray")
-    from engines import rollout as ro
+    from engines.rollout import stage as ro
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "init", lambda *a, **kw: pytest.fail("ray.init called without RAY_ADDRESS"))

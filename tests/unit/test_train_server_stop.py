@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engines import train_server
+from engines.train import server as train_server
 
 
 @pytest.fixture

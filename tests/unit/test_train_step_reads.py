@@ -1,4 +1,4 @@
-"""engines/train_step.py: a mini-batch's update reads the device a fixed number of times.
+"""engines/train/step.py: a mini-batch's update reads the device a fixed number of times.
 
 On a GPU every ``float(tensor)`` or ``bool(tensor)`` waits for the queued kernels to finish. The
 update loop once read the loss, its finiteness and five metrics after every micro-batch (seven
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from engines import train_step
-from engines.train_step import _TOKEN_WEIGHTED, StepRunner
+from engines.train import step as train_step
+from engines.train.step import _TOKEN_WEIGHTED, StepRunner
 
 
 class _Engine:

@@ -63,8 +63,8 @@ def test_closures_hold_the_modules_the_hand_written_lists_missed() -> None:
     assert "dapo_core/answer_extraction.py" in _rel(REPO, "tasks.evaluate")
     train = _rel(REPO, "tasks.train")
     assert {"dapo_core/logprobs.py", "dapo_core/advantages.py", "dapo_core/losses.py"} <= train
-    # started as processes, not only imported: torchrun -m engines.train_worker, the elastic rank body
-    assert {"engines/train_worker.py", "engines/train_rank.py", "engines/train_server.py"} <= train
+    # started as processes, not only imported: torchrun -m engines.train.worker, the elastic rank body
+    assert {"engines/train/worker.py", "engines/train/rank.py", "engines/train/server.py"} <= train
     # importing a submodule runs its package's __init__ first
     assert {"tasks/__init__.py", "dapo_core/__init__.py", "schemas/__init__.py"} <= train
 
@@ -89,7 +89,7 @@ def test_editing_an_indirect_import_changes_exactly_the_stages_that_import_it(tm
 def test_editing_a_file_no_stage_imports_changes_no_version(tmp_path: Path) -> None:
     root = _copy_project(tmp_path)
     imported = set().union(*(_rel(root, module) for module in _stage_modules(root).values()))
-    target = "workflows/ablation_report.py"
+    target = "reports/ablation.py"
     assert target not in imported
     before = _versions(root)
 

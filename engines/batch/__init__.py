@@ -1,0 +1,1 @@
+"""engines.batch: a step's training batch assembled from the scored rounds."""

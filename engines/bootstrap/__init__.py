@@ -1,0 +1,1 @@
+"""engines.bootstrap: the step-0 policy: shipped, imported, or the tiny policy and its warm-up."""

@@ -1,0 +1,1 @@
+"""engines.curate: raw problem sources into Problem shards (the curate stage's work)."""

@@ -1,0 +1,1 @@
+"""engines.evaluate: evaluation sets and avg@k / pass@k / maj@k of a checkpoint."""

@@ -1,0 +1,1 @@
+"""engines.rollout: vLLM engines, rollout generation and serving."""

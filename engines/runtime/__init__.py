@@ -1,0 +1,1 @@
+"""engines.runtime: process utilities: child processes, CPU threads, the GC heap, progress."""

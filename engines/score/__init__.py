@@ -1,0 +1,1 @@
+"""engines.score: reward verdicts (the verifier pool), filtering and group advantages."""

@@ -1,0 +1,1 @@
+"""engines.train: DeepSpeed training steps: launch, worker ranks, warm server, step, publish."""

@@ -1,1 +1,0 @@
-"""One module per stage subcommand of `dapo` (curate, bootstrap, rollout, score, train, eval): parse, call the engine, print."""
