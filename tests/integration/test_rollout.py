@@ -342,7 +342,8 @@ def test_the_context_check_before_bootstrap_sees_the_tokenizer_the_policy_will_h
 _OTHER_THREAD = """
 import sys, threading
 from pathlib import Path
-from engines import rollout as ro, tiny_policy
+from engines.bootstrap import tiny_policy
+from engines.rollout import stage as ro
 from settings.rollout import RolloutConfig
 folder = tiny_policy.build_random_checkpoint(Path(sys.argv[1]), seed=0)
 config = RolloutConfig(samples_per_prompt=2, max_response_tokens=8, cpu_threads=1)
@@ -403,7 +404,8 @@ _FIRST_ROUND = """
 import sys
 from pathlib import Path
 from torch._dynamo.utils import counters
-from engines import rollout as ro, tiny_policy
+from engines.bootstrap import tiny_policy
+from engines.rollout import stage as ro
 from settings.rollout import RolloutConfig
 folder = tiny_policy.build_random_checkpoint(Path(sys.argv[1]), seed=0)
 settings = ro.engine_settings(RolloutConfig(samples_per_prompt=2, max_response_tokens=8, cpu_threads=1), 256)

@@ -84,7 +84,7 @@ def test_a_server_that_stops_on_sigint_exits_cleanly_with_its_children() -> None
 # serve_until_stopped in a process whose Ctrl-C is caught by a thread other than the main one.
 _SERVING = """
 import signal, subprocess, sys, threading, time
-from engines import serving
+from engines.rollout import serving
 server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(server.pid, flush=True)
 

@@ -687,7 +687,7 @@ sys.path.insert(0, sys.argv[1])
 from dataclasses import replace
 from engines.train.launch import train_step
 from settings.train import TrainConfig
-from engines import train_server
+from engines.train import server as train_server
 config = TrainConfig(**json.loads(sys.argv[5]))
 train_step(sys.argv[2], [sys.argv[3]], sys.argv[4], step=1, config=config)
 print("PIDS", json.dumps(train_server.active_group().pids()), flush=True)
