@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.intervals import binomial_change, mean_interval
+from schemas.step_stats import STEP_FIELDS
 from storage.run_store import write_text
 from reports.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart
 
@@ -266,6 +267,19 @@ _STEP_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("time_score_s", "score", seconds),
     ("time_train_s", "train", seconds),
 ]
+
+
+def _unknown_step_columns(columns: list[tuple[str, str, Callable[[Any], str]]]) -> list[str]:
+    """The table's column keys that are no field of the step record (schemas.StepStats)."""
+    known = {f.name for f in STEP_FIELDS}
+    return [key for key, _, _ in columns if key not in known]
+
+
+# The steps table shows a chosen subset of the step record's fields, labelled and formatted for a
+# reader; its keys are the record's names (checked here, at import, so a renamed or removed metric
+# fails loudly instead of leaving an empty column).
+if _unknown_step_columns(_STEP_COLUMNS):
+    raise ImportError(f"reports/run.py: steps table columns not in StepMetrics: {_unknown_step_columns(_STEP_COLUMNS)}")
 
 _EVAL_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("step", "step", integer),

@@ -3,7 +3,8 @@
 ``Problem`` / ``RejectedProblem`` (curate), ``Rollout`` (rollout), ``ScoredRollout``
 (score/filter), ``StepMetrics`` (train), ``EvalResult`` (evaluate). Write with
 ``write_shard(data, path, Model)``, read with ``read_shard`` / ``read_shards``; use
-``arrow_schema(Model)`` to build tables with the exact column types.
+``arrow_schema(Model)`` to build tables with the exact column types. ``StepStats`` is one
+training step's statistics as a frozen record, derived from ``StepMetrics``.
 """
 
 from schemas.models import (
@@ -26,6 +27,7 @@ from schemas.shards import (
     validated_sha256,
     write_shard,
 )
+from schemas.step_stats import STEP_FIELDS, StepField, StepStats
 
 __all__ = [
     "ALL_MODELS",
@@ -35,6 +37,9 @@ __all__ = [
     "Rollout",
     "ScoredRollout",
     "StepMetrics",
+    "STEP_FIELDS",
+    "StepField",
+    "StepStats",
     "ShardValidationError",
     "arrow_schema",
     "read_shard",

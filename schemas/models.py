@@ -243,89 +243,110 @@ class ScoredRollout(Rollout):
 
 _NULLABLE_FLOAT = {"nullable": True}
 
+# What each StepMetrics column is besides its type: the one place a step statistic is declared.
+# The step's frozen record (schemas/step_stats.py: StepStats) and the trackers' scalar names
+# (tracking/scalars.py) are derived from it; the run report's step table (reports/run.py) shows a
+# chosen subset, its keys checked against it.
+# ``group``: the tracker panel (scalar ``<group>/<column>``); ``by``: who measures it, "worker"
+# (the training workers report it; engines/train/publish.py copies it) or "driver" (rollout,
+# scoring, sampling or timing: NaN / 0 in the train task's row, filled by the driver).
+STEP_KEY = "key"  # ``by`` of the columns naming the step (step, checkpoint ids): no tracker scalar
+BY_WORKER = "worker"  # ``by`` of what the training workers report
+BY_DRIVER = "driver"  # ``by`` of what rollout, scoring, sampling or the driver's clock measure
+
+
+def _key() -> dict[str, str]:
+    return {"group": "", "by": STEP_KEY}
+
+
+def _stat(group: str, by: str) -> dict[str, str]:
+    if by not in (BY_WORKER, BY_DRIVER):
+        raise ValueError(f"StepMetrics: 'by' must be {BY_WORKER!r} or {BY_DRIVER!r}, not {by!r}")
+    return {"group": group, "by": by}
+
 
 class StepMetrics(pdp.DataFrameModel):
     """One row per training step (train -> driver, summary). Float metrics a stage does not
     fill are NaN (or null)."""
 
-    step: pa.int32() = pdp.Field(ge=0, unique=True)
+    step: pa.int32() = pdp.Field(ge=0, unique=True, metadata=_key())
     """Training step number (0-based)."""
-    checkpoint_id: pa.string() = pdp.Field(str_length=NONEMPTY)
+    checkpoint_id: pa.string() = pdp.Field(str_length=NONEMPTY, metadata=_key())
     """The checkpoint this step produced."""
-    parent_checkpoint_id: pa.string() = pdp.Field(str_length=NONEMPTY)
+    parent_checkpoint_id: pa.string() = pdp.Field(str_length=NONEMPTY, metadata=_key())
     """The checkpoint this step started from."""
-    loss: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    loss: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """DAPO objective (eq. 8), token-level mean over the batch."""
-    entropy: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    entropy: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Mean token entropy of the policy on the batch (entropy collapse watch, sec. 3.1)."""
-    clip_frac_low: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    clip_frac_low: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Fraction of tokens clipped at 1 - eps_low."""
-    clip_frac_high: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    clip_frac_high: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Fraction of tokens clipped at 1 + eps_high (clip-higher, sec. 3.1)."""
-    dual_clip_frac: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    dual_clip_frac: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Fraction of tokens hit by the dual clip (negative advantages)."""
-    approx_kl: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    approx_kl: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Approximate KL(old || new) on the batch (monitoring only; DAPO has no KL term)."""
-    grad_norm: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    grad_norm: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Gradient norm before clipping."""
-    lr: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    lr: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("train", "worker"))
     """Learning rate used at this step."""
-    tokens: pa.int64() = pdp.Field(ge=0)
+    tokens: pa.int64() = pdp.Field(ge=0, metadata=_stat("train", "worker"))
     """Response tokens in the loss."""
-    samples: pa.int64() = pdp.Field(ge=0)
+    samples: pa.int64() = pdp.Field(ge=0, metadata=_stat("train", "worker"))
     """Samples trained on."""
-    masked_samples: pa.int64() = pdp.Field(ge=0)
+    masked_samples: pa.int64() = pdp.Field(ge=0, metadata=_stat("train", "worker"))
     """Samples masked out by overlong filtering."""
-    reward_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    reward_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("rollout", "driver"))
     """Mean reward of the step's kept samples."""
-    accuracy: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    accuracy: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("rollout", "driver"))
     """Fraction of all generated samples that were correct."""
-    response_length_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    response_length_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("rollout", "driver"))
     """Mean response length in tokens."""
-    truncation_ratio: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    truncation_ratio: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("rollout", "driver"))
     """Fraction of samples that hit the response-token cap."""
-    generation_rounds: pa.int32() = pdp.Field(ge=0)
+    generation_rounds: pa.int32() = pdp.Field(ge=0, metadata=_stat("sampling", "driver"))
     """Dynamic-sampling rounds needed to fill the batch (sec. 3.2)."""
-    trained_groups: pa.int32() = pdp.Field(ge=0)
+    trained_groups: pa.int32() = pdp.Field(ge=0, metadata=_stat("sampling", "driver"))
     """Groups the step trained on: prompts_per_step, fewer (partial), or 0 (skipped: no informative group)."""
-    carried_groups: pa.int32() = pdp.Field(ge=0)
+    carried_groups: pa.int32() = pdp.Field(ge=0, metadata=_stat("sampling", "driver"))
     """Of those, groups carried in as surplus from an earlier step (generated by an older policy)."""
-    max_policy_lag_steps: pa.int32() = pdp.Field(ge=0)
+    max_policy_lag_steps: pa.int32() = pdp.Field(ge=0, metadata=_stat("off_policy", "driver"))
     """Largest policy lag in the batch: steps between a group's generation and this training step
     (the driver's count; ``policy_lag_max`` counts checkpoints, which differs after skipped steps)."""
-    policy_lag_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    policy_lag_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Mean over the trained samples of the parent checkpoint's step minus the sample's
     ``policy_version`` (0 = on-policy; > 0: generated by an older checkpoint, e.g. carried surplus)."""
-    policy_lag_max: pa.int32() = pdp.Field(ge=0)
+    policy_lag_max: pa.int32() = pdp.Field(ge=0, metadata=_stat("off_policy", "worker"))
     """Largest such policy lag among the trained samples."""
-    stale_sample_fraction: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    stale_sample_fraction: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Fraction of the trained samples with policy lag > 0."""
-    logprob_mismatch_mean_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    logprob_mismatch_mean_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Mean |trainer log-prob of the parent - recorded rollout log-prob| over response tokens
     (numerical rollout/trainer mismatch, plus the policy change for stale samples)."""
-    logprob_mismatch_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    logprob_mismatch_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Largest such difference on one token."""
-    logprob_mismatch_on_policy_mean_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    logprob_mismatch_on_policy_mean_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """The same mean over the on-policy samples only (policy lag 0): the rollout engine's numerical
     disagreement with the trainer on the weights both hold, which the stale samples' policy change
     would hide in ``logprob_mismatch_mean_abs`` (0 for the tiny policy in fp32 on CPU; a jump means the
     engine sampled from other weights than the parent's). NaN when no sample is on-policy."""
-    logprob_mismatch_on_policy_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    logprob_mismatch_on_policy_max_abs: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Largest such difference on one token of an on-policy sample; NaN when none."""
-    behaviour_weight_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    behaviour_weight_mean: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Mean off-policy correction weight min(pi_prox / pi_behav, cap) over the loss tokens
     (uncorrected samples count 1); NaN when the step applied no correction."""
-    behaviour_weight_capped_fraction: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    behaviour_weight_capped_fraction: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("off_policy", "worker"))
     """Fraction of the loss tokens whose correction weight was truncated at the cap; NaN when none applied."""
-    verdict_timeouts: pa.int64() = pdp.Field(ge=0)
+    verdict_timeouts: pa.int64() = pdp.Field(ge=0, metadata=_stat("verifier", "driver"))
     """Verifier timeouts during scoring."""
-    verdict_errors: pa.int64() = pdp.Field(ge=0)
+    verdict_errors: pa.int64() = pdp.Field(ge=0, metadata=_stat("verifier", "driver"))
     """Verifier errors during scoring."""
-    time_rollout_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    time_rollout_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("time", "driver"))
     """Wall-clock seconds spent generating."""
-    time_score_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    time_score_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("time", "driver"))
     """Wall-clock seconds spent scoring/filtering."""
-    time_train_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT)
+    time_train_s: Optional[pa.float64()] = pdp.Field(**_NULLABLE_FLOAT, metadata=_stat("time", "driver"))
     """Wall-clock seconds spent in the optimizer step."""
 
     class Config:

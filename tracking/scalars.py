@@ -1,9 +1,10 @@
 """The scalar names trackers show: every numeric StepMetrics column under ``<group>/<column>``, and
 each evaluation's avg@k, pass@k, maj@k and 95% interval under ``eval/<name>``.
 
-Names keep the schema's column names (schemas/models.py documents each), grouped so a tracker's
-UI shows one panel per concern. Missing values (a skipped step has no loss; NaN reads back as
-None from the shard) are left out rather than logged as NaN, which some trackers refuse.
+Names keep the schema's column names (schemas/models.py documents each and declares its group),
+grouped so a tracker's UI shows one panel per concern. Missing values (a skipped step has no loss;
+NaN reads back as None from the shard) are left out rather than logged as NaN, which some trackers
+refuse.
 """
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-# column -> group, for every numeric StepMetrics column (tests/unit/test_tracking.py checks the
-# schema has no numeric column missing here). ``step`` is the x axis, not a scalar.
-STEP_GROUPS: dict[str, str] = {
-    **dict.fromkeys(("loss", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "approx_kl",
-                     "grad_norm", "lr", "tokens", "samples", "masked_samples"), "train"),
-    **dict.fromkeys(("reward_mean", "accuracy", "response_length_mean", "truncation_ratio"), "rollout"),
-    **dict.fromkeys(("generation_rounds", "trained_groups", "carried_groups"), "sampling"),
-    **dict.fromkeys(("max_policy_lag_steps", "policy_lag_mean", "policy_lag_max", "stale_sample_fraction",
-                     "logprob_mismatch_mean_abs", "logprob_mismatch_max_abs", "logprob_mismatch_on_policy_mean_abs",
-                     "logprob_mismatch_on_policy_max_abs", "behaviour_weight_mean",
-                     "behaviour_weight_capped_fraction"), "off_policy"),
-    **dict.fromkeys(("verdict_timeouts", "verdict_errors"), "verifier"),
-    **dict.fromkeys(("time_rollout_s", "time_score_s", "time_train_s"), "time"),
-}
+from schemas.models import STEP_KEY
+from schemas.step_stats import STEP_FIELDS, StepField
+
+# column -> group, for every StepMetrics statistic, as schemas/models.py declares it (its ``group``);
+# the key columns (``step``: the x axis; the checkpoint ids) are no scalars.
+def step_groups(fields: tuple[StepField, ...]) -> dict[str, str]:
+    """``{column: group}`` of every statistic among ``fields`` (a step record's FIELDS)."""
+    return {f.name: f.group for f in fields if f.by != STEP_KEY}
+
+
+STEP_GROUPS: dict[str, str] = step_groups(STEP_FIELDS)
 
 # Evaluation summary key -> scalar name (the driver's evaluation dicts, engines/evaluate/stage.py: EvalSummary).
 EVAL_NAMES: dict[str, str] = {

@@ -8,6 +8,7 @@ of the config and of task outputs, so a re-run replays it exactly over cache hit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import platform
@@ -137,14 +138,11 @@ async def _evaluate(cfg: RunConfig, layout: RunLayout, checkpoint: str, test_pat
 def _skipped_step(step: int, checkpoint: str) -> dict[str, Any]:
     """The train columns of a step that found no informative group: nothing trained, policy kept.
 
-    Every StepMetrics column is NaN (floats) or 0 (counts), from the schema itself; ``_step_row``
+    Every statistic is blank (NaN for floats, 0 for counts: schemas.StepStats.blank); ``_step_row``
     then fills what rollout, scoring and sampling measured.
     """
     ckpt_id = checkpoints.read_info(checkpoint).checkpoint_id  # a URI: its metadata file alone
-    row: dict[str, Any] = {f.name: 0 if pa.types.is_integer(f.type) else math.nan
-                           for f in schemas.arrow_schema(schemas.StepMetrics)}
-    row.update(step=step, checkpoint_id=ckpt_id, parent_checkpoint_id=ckpt_id)
-    return row
+    return schemas.StepStats.blank(step, ckpt_id, ckpt_id).row()
 
 
 def _train_row(checkpoint_dir: str) -> dict[str, Any]:
@@ -166,8 +164,8 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
         return math.nan if batch is None else float(pc.mean(batch.column(column)).as_py())
 
     lags = plan.policy_lags()
-    row = dict(trained)
-    row.update(
+    stats = dataclasses.replace(
+        schemas.StepStats.from_row(trained),
         reward_mean=batch_mean("reward"),
         accuracy=generated_mean("accuracy"),
         response_length_mean=batch_mean("response_length"),
@@ -182,7 +180,7 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
         time_score_s=sum(s["time_score_s"] for s in round_stats),
         time_train_s=train_s,
     )
-    return row
+    return stats.row()
 
 
 async def prepare_run(cfg: RunConfig, layout: RunLayout) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -31,11 +30,6 @@ from storage import checkpoints, digests, pruning, run_store
 
 METRICS_FILE = "train_metrics.parquet"  # the step's StepMetrics row, beside the weights
 TIMINGS_FILE = "train_timings.json"  # finer timings in seconds
-
-
-# StepMetrics columns a training step cannot know (rollout/score fill them in the driver).
-_UNKNOWN_FLOATS = ("reward_mean", "accuracy", "response_length_mean", "truncation_ratio", "time_rollout_s",
-                   "time_score_s")
 
 
 class TrainStepError(RuntimeError):
@@ -72,51 +66,27 @@ class TrainStepResult:
 
 
 def _step_metrics_row(step: int, checkpoint_id: str, parent_id: str, worker: dict[str, Any], time_train_s: float) -> dict[str, Any]:
-    """The StepMetrics row of a step. Rollout/score metrics are NaN and their counts 0: the driver,
-    which knows them, fills them in when it merges the stages' metrics."""
-    row: dict[str, Any] = {
-        "step": step,
-        "checkpoint_id": checkpoint_id,
-        "parent_checkpoint_id": parent_id,
-        **{k: float(worker[k]) for k in ("loss", "entropy", "clip_frac_low", "clip_frac_high", "dual_clip_frac",
-                                          "approx_kl", "grad_norm", "lr")},
-        **{k: float(worker[k]) for k in ("policy_lag_mean", "stale_sample_fraction", "logprob_mismatch_mean_abs",
-                                          "logprob_mismatch_max_abs", "logprob_mismatch_on_policy_mean_abs",
-                                          "logprob_mismatch_on_policy_max_abs", "behaviour_weight_mean",
-                                          "behaviour_weight_capped_fraction")},
-        "policy_lag_max": int(worker["policy_lag_max"]),
-        "tokens": int(worker["tokens"]),
-        "samples": int(worker["samples"]),
-        "masked_samples": int(worker["masked_samples"]),
-        **{k: math.nan for k in _UNKNOWN_FLOATS},
-        "generation_rounds": 0,
-        "trained_groups": 0,
-        "carried_groups": 0,
-        "max_policy_lag_steps": 0,
-        "verdict_timeouts": 0,
-        "verdict_errors": 0,
-        "time_train_s": time_train_s,
-    }
-    return row
+    """The StepMetrics row of a step: every statistic the workers report (``by="worker"`` in
+    schemas/models.py), as its column's type, and the step's training time. Rollout/score metrics
+    are NaN and their counts 0: the driver, which knows them, fills them in when it merges the
+    stages' metrics."""
+    from schemas import STEP_FIELDS, StepStats
+    from schemas.models import BY_WORKER
+
+    measured = {f.name: f.python_type(worker[f.name]) for f in STEP_FIELDS if f.by == BY_WORKER}
+    return StepStats.blank(step, checkpoint_id, parent_id, **measured, time_train_s=time_train_s).row()
 
 
 def _write_metrics(row: dict[str, Any], path: Path) -> None:
-    """Write the one-row StepMetrics shard at ``path``."""
+    """Write the one-row StepMetrics shard at ``path`` (validated, atomic). Built as an Arrow table
+    of the columns' types, not a list of dicts: that path would store NaN (a metric training does
+    not know) as null, and the file would differ from the ones run folders already hold."""
     import pyarrow as pa
 
     import schemas
 
-    write_shard = getattr(schemas, "write_shard", None)
-    model = getattr(schemas, "StepMetrics", None)
-    int32 = {"step", "generation_rounds", "trained_groups", "carried_groups", "max_policy_lag_steps", "policy_lag_max"}
-    arrays = {k: pa.array([v], type=pa.int32() if k in int32 else None) for k, v in row.items()}
-    table = pa.table(arrays)
-    if write_shard is not None and model is not None:
-        write_shard(table, path, model)  # validated, atomic
-    else:  # pragma: no cover - before schemas grew its helpers
-        import pyarrow.parquet as pq
-
-        pq.write_table(table, path)
+    table = pa.table({f.name: pa.array([row[f.name]], type=f.type) for f in schemas.arrow_schema(schemas.StepMetrics)})
+    schemas.write_shard(table, path, schemas.StepMetrics)
 
 
 def finished_result(out_dir: Path, *, step: int, parent_id: str) -> TrainStepResult:
