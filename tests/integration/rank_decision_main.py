@@ -31,6 +31,11 @@ def main() -> int:
         got = {"value": train_rank._decided_by_rank_0(rank, world, decide)}
     except PrunedWeightsError as err:
         got = {"error": type(err).__name__, "message": str(err)}
+    finally:  # as train_step_as_rank does: a rank left in its group aborts in gloo's teardown at exit
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
     (out / f"rank-{rank}.json").write_text(json.dumps({**got, "decide_calls": calls}))
     return 0
 
