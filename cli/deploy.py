@@ -154,15 +154,17 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
     its retention policy (``run.keep_*``), for the resolved plan."""
     cost = handoff.step_handoff(plan, prompts_per_step=config.run.prompts_per_step,
                                 prompts_per_round=config.run.prompts_per_round,
-                                samples_per_prompt=config.rollout.samples_per_prompt, precision=config.train.precision)
+                                samples_per_prompt=config.rollout.samples_per_prompt, precision=config.train.precision,
+                                evaluate_every_steps=config.run.eval_every_steps)
     drv = config.run
     kept = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes,
                                      keep_optimizer_last=drv.keep_optimizer_checkpoints,
                                      keep_weights_every=drv.keep_weights_every_steps)
     everything = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes, keep_optimizer_last=0,
                                            keep_weights_every=0)
-    mode = ("run.pipelined: true, so the pipelined row is what it does" if drv.pipelined else
-            "run.pipelined: false (synchronous), so the naive row is what it does")
+    mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row c's "
+            "starts)" if drv.pipelined else
+            "run.pipelined: false (synchronous): row b with a persistent Ray cluster, row c without")
     return handoff.format_handoff(cost) + f"\n    this config: {mode}" + (
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
         f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "

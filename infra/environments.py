@@ -16,8 +16,10 @@ rebuilds the same task types):
   for every rollout call, ~1 GB and ~3 s, for nothing).
 - ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
   plan (``DAPO_CLUSTER_PLAN``, JSON written by ``cli.deploy``: engines, tensor parallel, GPUs
-  per node); the Ray cluster is kept between calls with a reuse policy, so engines stay warm
-  across steps and take new weights by reload (engines/rollout/vllm_engine.py). Training is a PyTorch
+  per node). It carries a reuse policy (one shared Ray cluster between calls), which only a Union
+  backend runs: open-source Flyte 2 starts a fresh RayJob, and every engine again, for each rollout
+  and evaluate call, unless a persistent Ray cluster is given (docs/CLUSTER.md, "What stays warm
+  where"; the price of each path: infra/handoff.py). Training is a PyTorch
   Elastic job (flyteplugins-pytorch) of ``train_nodes`` x ``train_nproc_per_node`` ranks, each
   running the task body as a DeepSpeed rank (engines/train/rank.py). When the plan names a
   ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount`` and the run
@@ -107,7 +109,7 @@ _DEFAULT_PLAN: dict[str, Any] = {
     "rollout_head_memory": "8Gi",
     "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none: object store)
     "run_store_mount": "/runs",
-    "rollout_idle_ttl_s": 1800,  # keep the Ray cluster (and its warm engines) this long between steps
+    "rollout_idle_ttl_s": 1800,  # the reuse policy's idle TTL: a Union backend keeps the Ray cluster this long between calls
 }
 
 
@@ -219,7 +221,8 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
             env_vars=env_vars,
             plugin_config=ray_job_config(plan),
-            # One shared Ray cluster kept between calls: engines stay warm across steps and rounds.
+            # One shared Ray cluster kept between calls, on a Union backend only: open-source Flyte 2
+            # ignores the policy and starts a fresh RayJob per call (docs/CLUSTER.md, "What stays warm where").
             reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])),
             description=(
                 f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "

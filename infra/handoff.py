@@ -4,39 +4,44 @@ Every training step publishes a checkpoint (storage/checkpoints.py): the HF expo
 under ``train.precision: bf16``) written by rank 0's node, plus ``ds_state/``, the DeepSpeed
 optimizer state (fp32 master weights + Adam m, v: 12 bytes per parameter; ZeRO 1-3 all partition
 it, so each rank writes 1/ranks of it). The next rollout and the next train step read it back.
-Pure arithmetic over a :class:`~infra.sizing.ClusterPlan` and stated assumptions (stdlib only):
+What else a step pays beyond generation and gradients depends on what stays warm between tasks,
+so :func:`step_handoff` prices each path as it is built (issue 50), the engine and train-group
+starts included where that path pays them:
 
-- :class:`Bandwidth`: per node to/from the run store, the store in aggregate, node to node;
-- :class:`Throughput`: generation tokens/s per rollout GPU, training FLOP/s per GPU, response
-  lengths. Neither is measured here (no GPU, no cluster): they are the assumptions the figures
-  stand on, printed beside them, and parameters to replace with a real cluster's numbers.
+- **a) in-process warm, one machine** (``dapo run`` locally): the vLLM engine lives in the driver
+  and the DeepSpeed group is kept between steps (engines/train/server.py), so nothing starts
+  again; the group still writes the whole checkpoint (export + ds_state) to local disk, fsynced,
+  before the step returns (engines/train/publish.py), and the engines reload the weights from it.
+  At paper scale no host holds the plan's GPUs: the figure is the floor of a warm path that still
+  publishes every checkpoint whole, at an assumed local disk bandwidth.
+- **b) persistent engine actors** (a long-lived Ray cluster given to the tasks): the engines stay
+  loaded between tasks; once a step the engine nodes fetch the new weights and the engines reload
+  them; each task body runs in a fresh pod and fetches the policy (``storage.checkpoints.fetch_policy``,
+  weights included) on every call; training runs in fresh pods every step (a PyTorch Elastic job),
+  which start the DeepSpeed group and fetch their ranks' share of the parent's optimizer state,
+  not its weights (the state restores them); the train task uploads the checkpoint whole.
+- **c) open-source Flyte without a persistent cluster**: its backend does not run the reuse
+  policy (docs/CLUSTER.md, "What stays warm where"), so every rollout and evaluate call is a
+  fresh RayJob: its pods start, its nodes fetch the weights into empty mirrors, every engine
+  starts and loads them. Training as in b.
+- **d) designed, modelled only**: b's warm engines, and train ranks that outlive a step too: the
+  optimizer state stays in their memory and goes to the store every ``optimizer_upload_every_steps``
+  steps in the background, overlapping the next rollout (the train GPUs are idle then); each train
+  node uploads its share of the bf16 export; the engine nodes fetch the weights only. A cold start
+  (after a failure) reads the optimizer state once, not every step.
+- **pipelined on b** (``run.pipelined: true``, workflows/step_loop.py): b's transfers, but step
+  N+1's rollout (from the policy after step N-1) runs while step N trains, so a step lasts as
+  long as the longer of two lanes, the rollout lane (fetch and reload the weights, generate) and
+  the train lane (start, fetch the parent's state, train, upload), instead of their sum. Only what
+  a lane adds beyond ``max(generation, training)`` waits. Not the default: on the tiny task it
+  learns less per step (benchmarks/RESULTS.md, "Pipelined against synchronous steps"), its samples
+  being one step stale.
 
-Three hand-offs are priced (:func:`step_handoff`):
-
-- **naive**, as implemented today on an object store (engines/train/rank.py, engines/rollout/stage.py,
-  storage/run_store.py: ``fetch``): train uploads the whole checkpoint; every rollout node and the
-  Ray head (the task body) fetch its weights, config and tokenizer, not the optimizer state
-  (``storage.checkpoints.fetch_policy``); every train node of the next step (fresh pods) fetches
-  its own ranks' partitions of the parent's optimizer state, not the weights, which that state
-  restores (engines/train/rank.py, engines/train/engine.py: ``load_policy``). All of it lies on
-  the step's critical path (the driver runs rollout and train one after the other).
-- **designed**, modelled only: the optimizer state stays in the warm train ranks' memory between
-  steps (engines/train/server.py does this within one process; on a cluster it needs train pods
-  that outlive a step) and goes to the store every ``optimizer_upload_every_steps`` steps in the
-  background, overlapping the next rollout (the train GPUs are idle then); each train node
-  uploads its share of the bf16 export; rollout nodes fetch the weights only (this part is built,
-  and the naive hand-off does it too). A cold start (after a failure) reads the optimizer state
-  once, not every step.
-
-- **pipelined**, as implemented with ``run.pipelined: true`` (workflows/step_loop.py): the same
-  transfers as the naive hand-off, but step N+1's rollout (from the policy after step N-1) runs
-  while step N trains, so a step lasts as long as the longer of two lanes, the rollout lane
-  (fetch the weights, generate) and the train lane (fetch the parent, train, upload), instead of
-  their sum. Only what a lane adds beyond ``max(generation, training)`` waits. Not the default:
-  on the tiny task it learns 3.2 points less per step over 5 seeds (benchmarks/RESULTS.md,
-  "Pipelined against synchronous steps"), its samples being one step stale.
-
-A transfer takes ``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``.
+Nothing here is measured (no GPU, no cluster): :class:`Bandwidth`, :class:`Throughput` and
+:class:`EngineStart` are the assumptions the figures stand on, printed beside them, with their
+sources where there are any; replace them with a real cluster's numbers. A transfer takes
+``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``. Rollout and evaluate
+share the engines (they share the rollout GPUs), so a persistent engine reloads each checkpoint once.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class Bandwidth:
     per_node_bytes_per_s: float = 1.25 * GB  # one node to/from the run store (~10 Gb/s: one S3/GCS client, a few streams)
     aggregate_bytes_per_s: float = 20 * GB  # the run store as a whole, every node at once
     interconnect_bytes_per_s: float = 12.5 * GB  # node to node (100 Gb/s), for a weight broadcast
+    local_disk_bytes_per_s: float = 5 * GB  # one host's NVMe, written and fsynced (path a); a RAID of drives does more
 
 
 @dataclass(frozen=True)
@@ -70,19 +76,49 @@ class Throughput:
     train_flops_per_s_per_gpu: float = 989e12 * 0.35  # H100 bf16 dense peak x 35% model FLOPs utilisation
     mean_response_tokens: int = 2000  # early DAPO training (responses grow to ~6000 later: fig. 7)
     mean_prompt_tokens: int = 200  # DAPO-Math-17K prompts with the template
-    generation_rounds: float = 1.0  # rounds per step (dynamic sampling may need more, sec. 3.2)
+    generation_rounds: float = 1.0  # rounds per step, one rollout call each (dynamic sampling may need more, sec. 3.2)
     flops_per_param_token: int = 10  # 2 old log-probs + 6 forward/backward + 2 activation recompute
 
 
 @dataclass(frozen=True)
+class EngineStart:
+    """What starting an engine, a Ray cluster or a train group costs: assumptions, not measurements.
+
+    vLLM's figures are from vllm-project/vllm issue 19824 (startup time, Llama-70B FP8 at TP 8):
+    ~10 s to load the weights from a hot page cache, ~60 s for the P2P access check
+    (``VLLM_SKIP_P2P_CHECK=1`` skips it), ~15 s Dynamo, ~70 s torch.compile, ~60 s CUDA graph capture.
+    The paper config compiles (``rollout.enforce_eager: false``), in a fresh pod with no compile
+    cache: init is taken as Dynamo + torch.compile + CUDA graphs, the P2P check skipped; with
+    ``enforce_eager: true`` those 145 s drop out. The cluster and train-group figures have no public
+    source: replace them with your cluster's.
+    """
+
+    engine_init_s: float = 145.0  # vLLM init apart from the weights: Dynamo 15 s + torch.compile 70 s + CUDA graphs 60 s
+    load_bytes_per_s_per_gpu: float = 0.875 * GB  # weights into a GPU from the node's mirror: 70 GB / 8 GPUs in ~10 s (#19824)
+    ray_cluster_start_s: float = 60.0  # a fresh RayJob: pods scheduled on nodes holding the image, Ray up (path c)
+    train_group_start_s: float = 60.0  # fresh train pods: processes, NCCL rendezvous, DeepSpeed engine built (b, c)
+
+    def load_s(self, weights_bytes: float, tensor_parallel: int) -> float:
+        """Seconds for an engine to load (or reload) ``weights_bytes``: its GPUs load their shards at once."""
+        if tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
+        return weights_bytes / tensor_parallel / self.load_bytes_per_s_per_gpu
+
+    def start_s(self, weights_bytes: float, tensor_parallel: int) -> float:
+        """Seconds for a fresh engine to start: init, then the weights."""
+        return self.engine_init_s + self.load_s(weights_bytes, tensor_parallel)
+
+
+@dataclass(frozen=True)
 class Transfer:
-    """One part of a hand-off."""
+    """One part of a hand-off: a transfer, a load or a start."""
 
     what: str
-    bytes: int  # moved per occurrence
+    bytes: int  # moved per occurrence (0 for a start)
     seconds: float  # per occurrence
-    critical_s: float  # per step, on the step's critical path (amortised when not every step)
+    critical_s: float  # per step, on the step's critical path (times the occurrences a step, amortised when fewer)
     implemented: bool  # True: what the code does today; False: modelled design
+    via_store: bool = True  # its seconds scale with the run store's bandwidth (store_bandwidth_for_share)
 
 
 @dataclass(frozen=True)
@@ -90,8 +126,8 @@ class HandoffCost:
     """A hand-off's bytes per step and its share of a step."""
 
     name: str
-    written_bytes: int  # per step, on average
-    read_bytes: int  # per step, on average
+    written_bytes: int  # per step, on average, to the run store (path a: to local disk)
+    read_bytes: int  # per step, on average, from the run store (path a: from local disk)
     critical_path_s: float  # seconds a step waits for it
     share: float  # critical_path_s / (modelled step + critical_path_s)
     parts: tuple[Transfer, ...]
@@ -99,22 +135,59 @@ class HandoffCost:
 
 @dataclass(frozen=True)
 class StepHandoff:
-    """The modelled step and its three hand-offs."""
+    """The modelled step and its hand-off on each path."""
 
     weights_bytes: int
     optimizer_bytes: int
     generation_s: float
     training_s: float
     step_s: float  # generation + training, without the hand-off
-    naive: HandoffCost
-    designed: HandoffCost
-    pipelined: HandoffCost  # run.pipelined: the naive transfers, the two lanes overlapping
+    in_process: HandoffCost  # a) in-process warm, one machine
+    persistent_engines: HandoffCost  # b) persistent engine actors, fresh train pods
+    fresh_rayjobs: HandoffCost  # c) open-source Flyte without a persistent cluster
+    designed: HandoffCost  # d) persistent engines and train ranks (modelled)
+    pipelined: HandoffCost  # run.pipelined on b: b's transfers, the two lanes overlapping
     pipelined_step_s: float  # max(generation, training): a pipelined step without the hand-off
     bandwidth: Bandwidth
     throughput: Throughput
+    engine_start: EngineStart
+    calls_per_step: float  # rollout and evaluate task calls a step (rounds + 1 / evaluate_every_steps)
+    engine_load_s: float  # an engine loads (or reloads) the weights into its GPUs
     optimizer_upload_every_steps: int
     mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
     mirror_train_node_bytes: int  # rank 0's node: its share of the parent's state, the output's weights and share
+
+    @property
+    def paths(self) -> tuple[HandoffCost, HandoffCost, HandoffCost, HandoffCost]:
+        """``(a, b, c, d)``."""
+        return self.in_process, self.persistent_engines, self.fresh_rayjobs, self.designed
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What every path is built from, for one step of one plan: sizes, counts and primitive seconds."""
+
+    w: int  # the export's bytes
+    o: int  # the optimizer state's bytes
+    train_nodes: int
+    rollout_nodes: int
+    engines: int
+    tensor_parallel: int
+    calls: float  # rollout and evaluate task calls a step
+    upload_s: float  # train uploads the whole checkpoint: rank 0's node the export and its share of the state
+    nodes_fetch_s: float  # the engine nodes and the task body each fetch the weights
+    pod_fetch_s: float  # one pod fetches the weights
+    train_fetch_s: float  # each train node fetches its ranks' share of the parent's state
+    load_s: float  # an engine loads the weights into its GPUs
+    start: EngineStart
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """A hand-off's parts by the lane they delay when rollout and training overlap (``run.pipelined``)."""
+
+    rollout: tuple[Transfer, ...]
+    train: tuple[Transfer, ...]
 
 
 def checkpoint_bytes(params: int, precision: str) -> tuple[int, int]:
@@ -134,19 +207,51 @@ def _cost(name: str, parts: list[Transfer], written: float, read: float, step_s:
     return HandoffCost(name, int(written), int(read), critical, critical / (step_s + critical), tuple(parts))
 
 
-def store_bandwidth_for_share(cost: HandoffCost, step_s: float, bandwidth: Bandwidth, share: float) -> Bandwidth:
-    """The run store's bandwidth at which ``cost`` takes ``share`` of a step of ``step_s`` seconds:
-    ``bandwidth`` with its per-node and aggregate figures scaled by one factor.
-
-    Exact for a hand-off whose critical path is store transfers in full (the naive one): each takes
-    ``max(busiest node / per node, all / aggregate)``, so its seconds scale with 1 / the factor.
-    """
+def _allowed_s(step_s: float, share: float) -> float:
+    """Seconds of hand-off that make ``share`` of a step of ``step_s``: critical / (step + critical) == share."""
     if not 0.0 < share < 1.0:
         raise ValueError(f"share must lie in (0, 1), got {share}")
-    allowed_s = share * step_s / (1.0 - share)  # critical / (step + critical) == share
-    factor = cost.critical_path_s / allowed_s
+    return share * step_s / (1.0 - share)
+
+
+def fixed_seconds(cost: HandoffCost) -> float:
+    """Seconds a step waits for ``cost``'s parts that no store bandwidth shortens (starts, loads, local disk)."""
+    return sum(p.critical_s for p in cost.parts if not p.via_store)
+
+
+def store_bandwidth_for_share(cost: HandoffCost, step_s: float, bandwidth: Bandwidth, share: float) -> Bandwidth | None:
+    """The run store's bandwidth at which ``cost`` takes ``share`` of a step of ``step_s`` seconds:
+    ``bandwidth`` with its per-node and aggregate figures scaled by one factor; None when no store is
+    fast enough, the parts that do not go through it (starts, loads) alone taking more.
+
+    Exact for a hand-off whose store parts are whole transfers (paths b and c): each takes
+    ``max(busiest node / per node, all / aggregate)``, so its seconds scale with 1 / the factor.
+    """
+    allowed_s = _allowed_s(step_s, share)
+    fixed_s = fixed_seconds(cost)
+    store_s = cost.critical_path_s - fixed_s
+    if store_s <= 0.0:
+        raise ValueError(f"{cost.name}: none of it goes through the store")
+    if fixed_s >= allowed_s:
+        return None
+    factor = store_s / (allowed_s - fixed_s)
     return dataclasses.replace(bandwidth, per_node_bytes_per_s=bandwidth.per_node_bytes_per_s * factor,
                                aggregate_bytes_per_s=bandwidth.aggregate_bytes_per_s * factor)
+
+
+def calls_per_step(generation_rounds: float, evaluate_every_steps: int) -> float:
+    """Rollout and evaluate task calls a step: one per generation round, one per evaluation."""
+    return generation_rounds + (1.0 / evaluate_every_steps if evaluate_every_steps else 0.0)
+
+
+def _check_inputs(throughput: Throughput, optimizer_upload_every_steps: int, evaluate_every_steps: int) -> None:
+    if optimizer_upload_every_steps < 1:
+        raise ValueError(f"optimizer_upload_every_steps must be >= 1, got {optimizer_upload_every_steps}")
+    if evaluate_every_steps < 0:
+        raise ValueError(f"evaluate_every_steps must be >= 0 (0 = no evaluations priced), got {evaluate_every_steps}")
+    if throughput.generation_rounds < 1.0:
+        raise ValueError(f"generation_rounds must be >= 1 (a step generates at least once), got "
+                         f"{throughput.generation_rounds}")
 
 
 def step_handoff(
@@ -158,76 +263,152 @@ def step_handoff(
     precision: str,
     bandwidth: Bandwidth = Bandwidth(),
     throughput: Throughput = Throughput(),
+    engine_start: EngineStart = EngineStart(),
     optimizer_upload_every_steps: int = 10,
+    evaluate_every_steps: int = 0,
 ) -> StepHandoff:
-    """Bytes and seconds of the naive and the designed hand-off for one step of ``plan``."""
-    if optimizer_upload_every_steps < 1:
-        raise ValueError(f"optimizer_upload_every_steps must be >= 1, got {optimizer_upload_every_steps}")
+    """Bytes and seconds of the hand-off on each path (a-d, and pipelined on b) for one step of ``plan``.
+
+    ``evaluate_every_steps`` is ``run.eval_every_steps`` (0: no evaluate calls priced): an evaluate
+    call, like a rollout call, starts the engines on path c and fetches the policy on path b.
+    """
+    _check_inputs(throughput, optimizer_upload_every_steps, evaluate_every_steps)
     t, bw, k = throughput, bandwidth, optimizer_upload_every_steps
     w, o = checkpoint_bytes(plan.params, precision)
-    whole = w + o
     generated = t.generation_rounds * prompts_per_round * samples_per_prompt * t.mean_response_tokens
     generation_s = generated / (plan.rollout_gpus * t.generated_tokens_per_s_per_gpu)
     trained = prompts_per_step * samples_per_prompt * (t.mean_prompt_tokens + t.mean_response_tokens)
     training_s = t.flops_per_param_token * plan.params * trained / (plan.train_gpus * t.train_flops_per_s_per_gpu)
     step_s = generation_s + training_s
-    tn, rn = plan.train_nodes, plan.rollout_nodes
+    tn, rn, tp = plan.train_nodes, plan.rollout_nodes, plan.rollout_tensor_parallel
+    terms = _Terms(
+        w, o, tn, rn, plan.rollout_engines, tp, calls_per_step(t.generation_rounds, evaluate_every_steps),
+        upload_s=transfer_seconds(w + o, w + o / tn, bw), nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
+        pod_fetch_s=transfer_seconds(w, w, bw), train_fetch_s=transfer_seconds(o, o / tn, bw),
+        load_s=engine_start.load_s(w, tp), start=engine_start,
+    )
+    lanes = _lanes_b(terms)
+    b = _cost("b) persistent engine actors, fresh train pods (as built with a persistent Ray cluster)",
+              [*lanes.rollout, *lanes.train], w + o, (rn + 1) * w + (terms.calls - 1) * w + o, step_s)
+    pipelined, pipelined_step_s = _pipelined(_overlapped(lanes, terms, bw), b, generation_s, training_s)
+    # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
+    # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
+    mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
+    return StepHandoff(
+        w, o, generation_s, training_s, step_s, _path_a(terms, bw, step_s), b, _path_c(terms, lanes, step_s),
+        _path_d(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw, t, engine_start, terms.calls,
+        terms.load_s, k,
+        mirror_rollout, mirror_train,
+    )
 
-    upload = transfer_seconds(whole, w + o / tn, bw)
-    rollout_fetch = transfer_seconds((rn + 1) * w, w, bw)
-    train_fetch = transfer_seconds(o, o / tn, bw)
-    naive = _cost("naive (as implemented)", [
-        Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", whole, upload,
-                 upload, True),
-        Transfer(f"rollout: {rn} engine node(s) + the Ray head each fetch the weights (no optimizer state)",
-                 (rn + 1) * w, rollout_fetch, rollout_fetch, True),
-        Transfer(f"train: {tn} node(s) of the next step (fresh pods) each fetch their ranks' 1/{tn} of the "
-                 "parent's optimizer state (not its weights: the state restores them)", o, train_fetch, train_fetch,
-                 True),
-    ], whole, (rn + 1) * w + o, step_s)
 
+def _reload(terms: _Terms, critical_s: float, what: str = "reload them") -> Transfer:
+    return Transfer(f"rollout: {terms.engines} warm engine(s) {what} ({terms.w / terms.tensor_parallel / GB:,.1f} GB "
+                    "per GPU)", terms.w, terms.load_s, critical_s, True, via_store=False)
+
+
+def _path_a(terms: _Terms, bw: Bandwidth, step_s: float) -> HandoffCost:
+    """In-process warm on one machine: the whole checkpoint to local disk, the engines reload the weights."""
+    write_s = (terms.w + terms.o) / bw.local_disk_bytes_per_s
+    return _cost("a) in-process warm, one machine (as built: dapo run)", [
+        Transfer("train: the warm group writes the whole checkpoint (export + ds_state) to local disk, fsynced, "
+                 "before the step returns", terms.w + terms.o, write_s, write_s, True, via_store=False),
+        _reload(terms, terms.load_s, "reload the weights from it"),
+    ], terms.w + terms.o, terms.w, step_s)
+
+
+def _train_fresh_pods(terms: _Terms) -> tuple[Transfer, ...]:
+    """Training in fresh pods every step (paths b and c): start, fetch the parent's state, upload the output."""
+    tn, o, w = terms.train_nodes, terms.o, terms.w
+    group_s = terms.start.train_group_start_s
+    return (
+        Transfer(f"train: {tn} fresh pod(s) start the DeepSpeed group", 0, group_s, group_s, True, via_store=False),
+        Transfer(f"train: {tn} node(s) fetch their ranks' 1/{tn} of the parent's optimizer state (not its weights: "
+                 "the state restores them)", o, terms.train_fetch_s, terms.train_fetch_s, True),
+        Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", w + o,
+                 terms.upload_s, terms.upload_s, True),
+    )
+
+
+def _lanes_b(terms: _Terms) -> _Lanes:
+    """Persistent engines: the new weights fetched and reloaded once a step; each task body a fresh pod."""
+    rn, w, further = terms.rollout_nodes, terms.w, terms.calls - 1
+    rollout = [
+        Transfer(f"rollout: {rn} engine node(s) and the task body fetch the weights, once a step (no optimizer "
+                 "state)", (rn + 1) * w, terms.nodes_fetch_s, terms.nodes_fetch_s, True),
+        _reload(terms, terms.load_s),
+    ]
+    if further > 0:
+        rollout.append(Transfer(f"rollout/evaluate: the task body of each further call ({further:g} a step), a fresh "
+                                "pod, fetches the weights again", w, terms.pod_fetch_s, further * terms.pod_fetch_s,
+                                True))
+    return _Lanes(tuple(rollout), _train_fresh_pods(terms))
+
+
+def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
+    """A fresh RayJob every rollout/evaluate call: its pods start, fetch the weights, start every engine."""
+    rn, w, calls, start = terms.rollout_nodes, terms.w, terms.calls, terms.start
+    per_call = [
+        Transfer(f"rollout/evaluate: a fresh RayJob per call ({calls:g} a step): its head and {rn} worker pod(s) "
+                 "start, Ray up", 0, start.ray_cluster_start_s, calls * start.ray_cluster_start_s, True,
+                 via_store=False),
+        Transfer(f"rollout/evaluate: per call, {rn} engine node(s) and the Ray head fetch the weights into empty "
+                 "mirrors", (rn + 1) * w, terms.nodes_fetch_s, calls * terms.nodes_fetch_s, True),
+        Transfer(f"rollout/evaluate: per call, {terms.engines} engine(s) start: vLLM init", 0, start.engine_init_s,
+                 calls * start.engine_init_s, True, via_store=False),
+        Transfer(f"rollout/evaluate: per call, the engines load the weights ({w / terms.tensor_parallel / GB:,.1f} GB "
+                 "per GPU)", w, terms.load_s, calls * terms.load_s, True, via_store=False),
+    ]
+    name = "c) open-source Flyte, no persistent cluster: a fresh RayJob per rollout/evaluate call (as built)"
+    return _cost(name, [*per_call, *lanes.train], w + terms.o, calls * (rn + 1) * w + terms.o, step_s)
+
+
+def _path_d(terms: _Terms, bw: Bandwidth, generation_s: float, k: int, step_s: float) -> HandoffCost:
+    """Persistent engines and train ranks: the export shared out, the optimizer state every k steps."""
+    tn, rn, w, o = terms.train_nodes, terms.rollout_nodes, terms.w, terms.o
     export = transfer_seconds(w, w / tn, bw)
     weights_fetch = transfer_seconds(rn * w, w, bw)
     state_upload = transfer_seconds(o, o / tn, bw)
-    designed = _cost("designed (modelled)", [
-        Transfer(f"train: each of {tn} node(s) uploads 1/{tn} of the bf16 export", w, export, export, False),
+    return _cost("d) designed (modelled): persistent engines and train ranks", [
+        Transfer(f"train: each of {tn} node(s) uploads 1/{tn} of the export", w, export, export, False),
         Transfer(f"rollout: {rn} engine node(s) fetch the weights only", rn * w, weights_fetch, weights_fetch, True),
+        _reload(terms, terms.load_s),
         Transfer(f"train: optimizer state kept in the warm ranks' memory, uploaded every {k} steps in the "
                  "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
                  False),
     ], w + o // k, rn * w, step_s)
-    pipelined, pipelined_step_s = _pipelined(naive, generation_s, training_s, bandwidth=bw)
-    # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
-    # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
-    mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
-    return StepHandoff(w, o, generation_s, training_s, step_s, naive, designed, pipelined, pipelined_step_s, bw, t, k,
-                       mirror_rollout, mirror_train)
 
 
-def _pipelined(naive: HandoffCost, generation_s: float, training_s: float, *,
-               bandwidth: Bandwidth) -> tuple[HandoffCost, float]:
-    """The naive transfers when step N+1's rollout runs beside step N's training (``run.pipelined``).
+def _overlapped(lanes: _Lanes, terms: _Terms, bw: Bandwidth) -> _Lanes:
+    """``lanes`` when both lanes fetch at the start of a step: the rollout's first fetch is priced with the
+    train nodes' fetch of the optimizer state beside it in the store's aggregate bandwidth."""
+    fetch, *rest = lanes.rollout
+    seconds = max(fetch.seconds, (fetch.bytes + terms.o) / bw.aggregate_bytes_per_s)
+    return _Lanes((dataclasses.replace(fetch, seconds=seconds, critical_s=seconds), *rest), lanes.train)
 
-    A step lasts ``max(rollout lane, train lane)``: the rollout lane fetches the weights of the
-    policy after step N-1 and generates; the train lane fetches the parent, trains and uploads. The
-    hand-off's share is what the longer lane adds beyond ``max(generation, training)``, charged to
-    that lane's transfers. Both lanes fetch at the start of a step: the rollout fetch is priced with
-    the train fetch's bytes beside it in the store's aggregate bandwidth.
+
+def _charged(parts: tuple[Transfer, ...], excess_s: float) -> list[Transfer]:
+    """``parts`` carrying ``excess_s`` between them, each in proportion to its seconds a step."""
+    lane_s = sum(p.critical_s for p in parts)
+    return [dataclasses.replace(p, critical_s=p.critical_s * excess_s / lane_s if lane_s > 0 else 0.0) for p in parts]
+
+
+def _pipelined(lanes: _Lanes, b: HandoffCost, generation_s: float, training_s: float) -> tuple[HandoffCost, float]:
+    """Path b's transfers when step N+1's rollout runs beside step N's training (``run.pipelined``).
+
+    A step lasts ``max(rollout lane, train lane)``: the rollout lane fetches and reloads the weights
+    of the policy after step N-1 and generates; the train lane starts, fetches the parent, trains and
+    uploads. The hand-off's share is what the longer lane adds beyond ``max(generation, training)``,
+    charged to that lane's parts.
     """
-    upload, rollout, train_fetch = naive.parts  # as step_handoff lists them
-    rollout_s = max(rollout.seconds, (rollout.bytes + train_fetch.bytes) / bandwidth.aggregate_bytes_per_s)
     base = max(generation_s, training_s)
-    rollout_excess = max(0.0, generation_s + rollout_s - base)
-    train_excess = max(0.0, train_fetch.seconds + training_s + upload.seconds - base)
+    rollout_excess = max(0.0, generation_s + sum(p.critical_s for p in lanes.rollout) - base)
+    train_excess = max(0.0, training_s + sum(p.critical_s for p in lanes.train) - base)
+    rollout_waits = rollout_excess >= train_excess
     critical = max(rollout_excess, train_excess)
-    train_share = 0.0 if rollout_excess >= train_excess else critical / (train_fetch.seconds + upload.seconds)
-    parts = [
-        dataclasses.replace(upload, critical_s=upload.seconds * train_share),
-        dataclasses.replace(rollout, seconds=rollout_s, critical_s=critical if rollout_excess >= train_excess else 0.0),
-        dataclasses.replace(train_fetch, critical_s=train_fetch.seconds * train_share),
-    ]
-    return _cost("pipelined (as implemented, run.pipelined: true)", parts, naive.written_bytes, naive.read_bytes,
-                 base), base
+    parts = [*_charged(lanes.rollout, critical if rollout_waits else 0.0),
+             *_charged(lanes.train, 0.0 if rollout_waits else critical)]
+    return _cost("pipelined on b (run.pipelined: true)", parts, b.written_bytes, b.read_bytes, base), base
 
 
 def run_storage_bytes(steps: int, weights_bytes: int, optimizer_bytes: int, *, keep_optimizer_last: int,
@@ -260,30 +441,50 @@ def retention_table_markdown(weights_bytes: int, optimizer_bytes: int, *, steps:
     return "\n".join(lines) + "\n"
 
 
-def format_handoff(h: StepHandoff) -> str:
-    """Lines for ``dapo deploy --dry-run --config``: the hand-off per step, naive, designed and pipelined."""
-    bw, t = h.bandwidth, h.throughput
-    lines = [
+def _assumption_lines(h: StepHandoff) -> list[str]:
+    bw, t, s = h.bandwidth, h.throughput, h.engine_start
+    return [
         f"  hand-off: checkpoint = {h.weights_bytes / GB:,.1f} GB weights + {h.optimizer_bytes / GB:,.1f} GB optimizer "
         f"state; modelled step {h.step_s:,.0f} s = generation {h.generation_s:,.0f} s + training {h.training_s:,.0f} s",
         f"            (assumed: {t.generated_tokens_per_s_per_gpu:,.0f} generated tok/s per GPU, "
         f"{t.train_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, {t.mean_response_tokens} response tokens, "
         f"{t.generation_rounds:g} round(s); store {bw.per_node_bytes_per_s / GB:g} GB/s per node, "
-        f"{bw.aggregate_bytes_per_s / GB:g} GB/s aggregate)",
+        f"{bw.aggregate_bytes_per_s / GB:g} GB/s aggregate; local disk {bw.local_disk_bytes_per_s / GB:g} GB/s)",
+        f"            (assumed starts: vLLM init {s.engine_init_s:g} s + the weights at "
+        f"{s.load_bytes_per_s_per_gpu / GB:g} GB/s per GPU ({h.engine_load_s:,.1f} s); a fresh RayJob's pods "
+        f"{s.ray_cluster_start_s:g} s; fresh train pods {s.train_group_start_s:g} s; {h.calls_per_step:g} "
+        "rollout/evaluate call(s) a step)",
     ]
-    for cost in (h.naive, h.designed, h.pipelined):
+
+
+def _part_line(p: Transfer) -> str:
+    size = f"{p.bytes / GB:,.1f} GB, " if p.via_store else ""
+    extra = "" if math.isclose(p.critical_s, p.seconds) else f" ({p.critical_s:,.0f} s per step on the critical path)"
+    return f"      - {p.what}: {size}{p.seconds:,.0f} s{extra}"
+
+
+def _bandwidth_line(cost: HandoffCost, h: StepHandoff) -> str:
+    need = store_bandwidth_for_share(cost, h.step_s, h.bandwidth, SHARE_GOAL)
+    if need is None:
+        return (f"      no store bandwidth reaches {SHARE_GOAL:.0%}: its starts and loads alone take "
+                f"{fixed_seconds(cost):,.0f} s, more than the {_allowed_s(h.step_s, SHARE_GOAL):,.0f} s "
+                f"{SHARE_GOAL:.0%} of a step allows")
+    return (f"      reaches {SHARE_GOAL:.0%} of a step at {need.per_node_bytes_per_s / GB:,.1f} GB/s per node "
+            f"({need.per_node_bytes_per_s * 8 / GB:,.0f} Gb/s) and {need.aggregate_bytes_per_s / GB:,.0f} GB/s "
+            f"aggregate: {need.per_node_bytes_per_s / h.bandwidth.per_node_bytes_per_s:,.1f}x the assumed store bandwidth")
+
+
+def format_handoff(h: StepHandoff) -> str:
+    """Lines for ``dapo deploy --dry-run --config``: the hand-off per step on each path, with its assumptions."""
+    lines = _assumption_lines(h)
+    for cost in (*h.paths, h.pipelined):
         step = "a step" if cost is not h.pipelined else (
             f"a pipelined step (max(generation, training) = {h.pipelined_step_s:,.0f} s)")
         lines.append(f"    {cost.name}: {cost.written_bytes / GB:,.1f} GB written, {cost.read_bytes / GB:,.1f} GB read "
                      f"per step; {cost.critical_path_s:,.0f} s on the critical path = {cost.share:.1%} of {step}")
-        lines += [f"      - {p.what}: {p.bytes / GB:,.1f} GB, {p.seconds:,.0f} s"
-                  + ("" if math.isclose(p.critical_s, p.seconds) else f" ({p.critical_s:,.0f} s per step on the critical path)")
-                  for p in cost.parts]
-        if cost is h.naive:
-            need = store_bandwidth_for_share(cost, h.step_s, bw, SHARE_GOAL)
-            lines.append(f"      reaches {SHARE_GOAL:.0%} of a step at {need.per_node_bytes_per_s / GB:,.1f} GB/s per node "
-                         f"({need.per_node_bytes_per_s * 8 / GB:,.0f} Gb/s) and {need.aggregate_bytes_per_s / GB:,.0f} GB/s "
-                         f"aggregate: {need.per_node_bytes_per_s / bw.per_node_bytes_per_s:,.1f}x the assumed store bandwidth")
+        lines += [_part_line(p) for p in cost.parts]
+        if cost is h.persistent_engines or cost is h.fresh_rayjobs:
+            lines.append(_bandwidth_line(cost, h))
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
                  "GB (its ranks' share of the parent's optimizer state, and the step's output: the weights and its "
@@ -291,5 +492,6 @@ def format_handoff(h: StepHandoff) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Bandwidth", "HandoffCost", "StepHandoff", "Throughput", "Transfer", "checkpoint_bytes", "format_handoff",
-           "retention_table_markdown", "run_storage_bytes", "step_handoff", "store_bandwidth_for_share", "transfer_seconds"]
+__all__ = ["Bandwidth", "EngineStart", "HandoffCost", "StepHandoff", "Throughput", "Transfer", "calls_per_step",
+           "checkpoint_bytes", "fixed_seconds", "format_handoff", "retention_table_markdown", "run_storage_bytes",
+           "step_handoff", "store_bandwidth_for_share", "transfer_seconds"]
