@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/ablation.py [--config FILE] [--seeds 0 1 2] [--rungs ...] [--set k=v ...]
                                             [--run-root DIR] [--tag NAME]
 
-Runs `dapo ablate` (cli/ablate.py: naive GRPO -> + overlong filtering -> + clip-higher ->
+Runs `dapo ablate` (workflows/ablation.py: naive GRPO -> + overlong filtering -> + clip-higher ->
 + soft overlong punishment -> + token-level loss -> + dynamic sampling) and copies the ladder's
 table and curves to benchmarks/ablation.json, benchmarks/ablation.md and
 benchmarks/ablation_curves.png (``ablation-<tag>.*`` with ``--tag``, for variants), with the

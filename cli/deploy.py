@@ -491,7 +491,7 @@ def _deploy(args: argparse.Namespace) -> int:
     # Loading the config imported the task modules, which built the environments for the target
     # of that moment; forget them so the imports below rebuild them for this target and plan.
     for name in list(sys.modules):
-        if name in ("infra.environments", "tasks", "workflows.driver", "cli.run") or name.startswith("tasks."):
+        if name in ("infra.environments", "tasks", "workflows.driver", "workflows.local_run") or name.startswith("tasks."):
             del sys.modules[name]
 
     import flyte

@@ -1,6 +1,6 @@
 """Read Flyte's local run records of a run folder (which tasks ran, which were cache hits).
 
-``dapo run`` points Flyte's local persistence at ``<run>/flyte/`` (see cli/run.py),
+``dapo run`` points Flyte's local persistence at ``<run>/flyte/`` (see workflows/local_run.py),
 so every invocation's actions, timings and cache hits are recorded there; ``flyte start tui``
 browses the same records. This module reads them for the summary and for tests, and closes
 the records a stopped driver left open: Flyte marks an action "running" when it starts and

@@ -1,6 +1,6 @@
 """Entry point for tests/integration/test_flyte_records.py: ``python flyte_records_main.py RUN_DIR``.
 
-Points Flyte at RUN_DIR's records the way ``dapo run`` does (cli/run.py:
+Points Flyte at RUN_DIR's records the way ``dapo run`` does (workflows/local_run.py:
 init_flyte_for_run), runs one cached task that reports the synchronous level and journal mode of
 Flyte's own connection, prints them as JSON, then kills itself with SIGKILL so that nothing is
 closed or checkpointed cleanly.
@@ -19,7 +19,7 @@ import flyte
 from infra.environments import cpu_env
 from storage.run_layout import RunLayout
 from workflows.local_flyte import run_local
-from cli.run import init_flyte_for_run
+from workflows.local_run import init_flyte_for_run
 
 
 @cpu_env.task(cache=flyte.Cache(behavior="override", version_override="records-test"))

@@ -28,7 +28,8 @@ import signal, sys, threading, time
 from pathlib import Path
 import flyte
 from storage.run_layout import RunLayout
-from cli.run import RunInterrupted, exit_interrupted, run_driver_locally
+from cli.run import exit_interrupted
+from workflows.local_run import RunInterrupted, run_driver_locally
 
 env = flyte.TaskEnvironment(name="ctrl-c-probe")
 

@@ -1,6 +1,6 @@
 """Entry point for tests/unit/test_remakes.py: ``python remake_flyte_main.py RUN_DIR``.
 
-Points Flyte at RUN_DIR's cache the way ``dapo run`` does (cli/run.py: init_flyte_for_run)
+Points Flyte at RUN_DIR's cache the way ``dapo run`` does (workflows/local_run.py: init_flyte_for_run)
 and calls a cached task through ``call_verified`` from a parent task, as the driver does: twice, then
 once after its output was damaged (made again), then once more (a resume). Its output file and its
 returned value both carry the count of body runs. Prints each call's result and what the file then
@@ -18,7 +18,7 @@ import flyte
 from storage import outputs
 from storage.run_layout import RunLayout
 from workflows.local_flyte import run_local
-from cli.run import init_flyte_for_run
+from workflows.local_run import init_flyte_for_run
 from workflows.verified_calls import call_verified
 
 env = flyte.TaskEnvironment(name="remake-probe")

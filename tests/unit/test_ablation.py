@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.ablate import check_ladder_ends_at, ladder, rung_config, rung_settings
+from workflows.ablation import check_ladder_ends_at, ladder, rung_config, rung_settings
 from reports.ablation import format_table, rung_row, write_ablation
 from workflows.config import ConfigError, load_config
 
@@ -151,7 +151,7 @@ def test_table_rows_hand_worked(tmp_path: Path, base) -> None:
 def _ablate(run_root: Path, monkeypatch: pytest.MonkeyPatch) -> int:
     """``dapo ablate`` of configs/ablation-tiny.yaml into ``run_root``, with the ladder itself replaced by a
     failure: only the checks before it run."""
-    from cli import ablate as ablation
+    from workflows import ablation
     from cli.main import main
 
     def started(*args: object, **kwargs: object) -> None:
@@ -192,7 +192,7 @@ def test_a_folder_of_the_ladders_name_that_is_no_ladder_is_refused_leaving_it_as
 
 
 def test_an_interrupted_ladder_folder_is_resumed_not_refused(tmp_path: Path, base) -> None:
-    from cli.ablate import check_ladder_folder
+    from workflows.ablation import check_ladder_folder
 
     folder = tmp_path / f"{base.run.name}-ladder"
     check_ladder_folder(base, folder)  # not there yet

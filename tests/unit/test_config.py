@@ -175,7 +175,7 @@ def test_length_caps_are_derived_from_the_rollout_cap_unless_set() -> None:
 
 
 def test_retention_fields_are_checked_and_default_to_keeping_everything() -> None:
-    from workflows.config import DriverConfig
+    from settings.run import DriverConfig
 
     assert DriverConfig().keep_optimizer_checkpoints == 0 and DriverConfig().keep_weights_every_steps == 0
     DriverConfig(keep_optimizer_checkpoints=2, keep_weights_every_steps=25)
@@ -217,7 +217,7 @@ def test_pipelined_is_in_the_digest_but_a_default_config_keeps_its_digest() -> N
 
 
 def test_pipelined_retention_keeps_the_policy_the_next_rollouts_use() -> None:
-    from workflows.config import DriverConfig
+    from settings.run import DriverConfig
 
     DriverConfig(pipelined=True, keep_optimizer_checkpoints=2, keep_weights_every_steps=5)
     DriverConfig(pipelined=True)  # keep every checkpoint whole

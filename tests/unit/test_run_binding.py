@@ -243,7 +243,7 @@ def test_a_stop_that_reaches_the_command_line_says_which_signal(monkeypatch: pyt
     """A SIGTERM that lands outside the driver's own handling (e.g. while the summary is printed) reaches
     `dapo` as the pipeline's Terminated: one line naming SIGTERM and 143, not Ctrl-C's 130."""
     from cli import main as cli
-    from cli.run import Terminated
+    from workflows.local_run import Terminated
 
     def stopped(argv: list[str]) -> int:
         raise Terminated

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from infra import model_shape, sizing
-from cli import run as pipeline
+from cli import run as run_command
+from workflows import local_run
 from workflows.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,10 +109,10 @@ def test_a_local_cuda_run_that_cannot_fit_is_refused_before_any_work(
     run checks them first)."""
     data = tmp_path / "problems.parquet"
     data.write_bytes(b"")
-    monkeypatch.setattr(pipeline, "local_cuda", lambda: (1, 24 * sizing.GB))
-    monkeypatch.setattr(pipeline, "check_input_paths", lambda config: None)
-    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a, **k: pytest.fail("the run started"))
-    assert pipeline.run_cli(_args(tmp_path, "rollout.gpu_memory_utilization=0.85")) == 2
+    monkeypatch.setattr(local_run, "local_cuda", lambda: (1, 24 * sizing.GB))
+    monkeypatch.setattr(local_run, "check_input_paths", lambda config: None)
+    monkeypatch.setattr(local_run, "run_pipeline", lambda *a, **k: pytest.fail("the run started"))
+    assert run_command.run_cli(_args(tmp_path, "rollout.gpu_memory_utilization=0.85")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("dapo run: shared GPU during rollout needs ") and "\n" not in err
     assert not (tmp_path / "runs").exists()
@@ -119,18 +120,18 @@ def test_a_local_cuda_run_that_cannot_fit_is_refused_before_any_work(
 
 def test_a_local_cuda_run_with_more_ranks_than_gpus_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(pipeline, "local_cuda", lambda: (1, 80 * sizing.GB))
-    monkeypatch.setattr(pipeline, "check_input_paths", lambda config: None)
-    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a, **k: pytest.fail("the run started"))
-    assert pipeline.run_cli(_args(tmp_path, "train.num_processes=2")) == 2
+    monkeypatch.setattr(local_run, "local_cuda", lambda: (1, 80 * sizing.GB))
+    monkeypatch.setattr(local_run, "check_input_paths", lambda config: None)
+    monkeypatch.setattr(local_run, "run_pipeline", lambda *a, **k: pytest.fail("the run started"))
+    assert run_command.run_cli(_args(tmp_path, "train.num_processes=2")) == 2
     assert "train.num_processes=2" in capsys.readouterr().err
 
 
 def test_no_plan_is_checked_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU machine (the tests' own) plans nothing on a run: the memory is the host's."""
-    monkeypatch.setattr(pipeline, "local_cuda", lambda: (0, 0))
+    monkeypatch.setattr(local_run, "local_cuda", lambda: (0, 0))
     config = load_config(ONE_GPU, [SOURCE, "rollout.gpu_memory_utilization=0.99"])
-    assert pipeline.check_local_gpu_plan(config) is None
+    assert local_run.check_local_gpu_plan(config) is None
 
 
 def test_the_figures_in_the_config_comments_are_the_plans() -> None:
@@ -146,8 +147,8 @@ def test_the_figures_in_the_config_comments_are_the_plans() -> None:
 
 def test_pipelined_steps_count_the_engine_awake_while_the_ranks_train() -> None:
     """Pipelined, step N+1's rounds generate while step N trains: the engine cannot sleep then."""
-    synchronous = pipeline.shared_gpu_plan(load_config(ONE_GPU, [SOURCE]), 80 * sizing.GB)
-    pipelined = pipeline.shared_gpu_plan(load_config(ONE_GPU, [SOURCE, "run.pipelined=true"]), 80 * sizing.GB)
+    synchronous = local_run.shared_gpu_plan(load_config(ONE_GPU, [SOURCE]), 80 * sizing.GB)
+    pipelined = local_run.shared_gpu_plan(load_config(ONE_GPU, [SOURCE, "run.pipelined=true"]), 80 * sizing.GB)
     assert synchronous.engine_sleeps and not pipelined.engine_sleeps
     assert any(t.name.startswith("vLLM engine awake") for t in pipelined.train_terms)
     assert not any(t.name.startswith("vLLM engine awake") for t in synchronous.train_terms)
