@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lineage": ("cli.lineage", "trace a training sample or checkpoint back to its origins"),
     "verify": ("cli.verify", "check every output of a run folder against its recorded digests"),
     "deploy": ("cli.deploy", "serialise every Flyte environment and task for a cluster (--dry-run)"),
+    "engines": ("cli.engines", "remove the long-lived Ray engine actors a run left (rollout.EngineHosting)"),
 }
 
 

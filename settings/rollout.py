@@ -1,10 +1,13 @@
-"""Settings of the rollout stage: G samples per prompt, sampling, engines, length caps."""
+"""Settings of the rollout stage: G samples per prompt, sampling, engines, length caps; and where the
+engines live (EngineHosting: in the task's process, or long-lived actors of a Ray cluster)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from settings.checks import SAMPLES_MAX, TOKENS_MAX, WORKERS_MAX, check_fields, in_range
+from settings.checks import SAMPLES_MAX, TOKENS_MAX, WORKERS_MAX, FieldError, check_fields, in_range
 
 
 @dataclass(frozen=True)
@@ -54,3 +57,60 @@ class RolloutConfig:
             "top_p": (self.top_p == 1.0, "must be 1.0: the trainer computes log-probs with no top-p truncation "
                       "and the rollout records raw log-probs (evaluate.top_p is the eval's)"),
         })
+
+
+# The variables that carry EngineHosting to every task process (set by the user or the deployment, as
+# RAY_ADDRESS is): a task's environment reaches it locally and on a cluster, and never enters a cache key.
+ENGINES_RAY_ADDRESS_ENV = "DAPO_ENGINES_RAY_ADDRESS"
+ENGINES_NAMESPACE_ENV = "DAPO_ENGINES_NAMESPACE"
+_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+@dataclass(frozen=True)
+class EngineHosting:
+    """Where the rollout and evaluation engines live: it changes where they run, never what they sample
+    (every request carries its own seed), so it is kept out of every cache key and config digest.
+
+    Unset (the default), engines live as today: in the task's process, or as Ray actors owned by it
+    (several GPUs) that die with it. Set, they are named, detached Ray actors of a long-lived Ray cluster,
+    found by name by each task process and kept (weights included) between tasks; a new checkpoint
+    reaches them by in-place weight reload (engines/rollout/ray_engines.py; docs/WARM_ENGINES.md).
+    """
+
+    ray_address: str = ""  # "" = engines in the task's process, as before; "auto", "host:port" or "ray://host:port"
+    namespace: str = ""  # the engines' Ray namespace; "" = the run's own (derived from its folder by the driver)
+
+    def __post_init__(self) -> None:
+        check_fields(self, {
+            "ray_address": (not self.ray_address or bool(_ADDRESS.fullmatch(self.ray_address)),
+                            "must be empty, 'auto', 'host:port' or 'ray://host:port'"),
+            "namespace": (not self.namespace or bool(_NAMESPACE.fullmatch(self.namespace)),
+                          "must be empty or 1-128 letters, digits, '_', '.' or '-'"),
+        })
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the engines are long-lived named actors (a Ray address is set)."""
+        return bool(self.ray_address)
+
+    @property
+    def ray_namespace(self) -> str:
+        """The namespace the engines live in: the one named, else a shared default (outside a run)."""
+        return self.namespace or "dapo-engines"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> EngineHosting:
+        """The hosting the task process's environment names (unset variables: the defaults); a bad value
+        raises FieldError naming the variable."""
+        values = {"ray_address": environ.get(ENGINES_RAY_ADDRESS_ENV, ""),
+                  "namespace": environ.get(ENGINES_NAMESPACE_ENV, "")}
+        try:
+            return cls(**values)
+        except FieldError as err:
+            variable = {"ray_address": ENGINES_RAY_ADDRESS_ENV, "namespace": ENGINES_NAMESPACE_ENV}[err.field]
+            raise FieldError(variable, err.value, err.why) from None
+
+    def environ(self) -> dict[str, str]:
+        """The variables that give a task process this hosting (``from_environ`` reads them back)."""
+        return {ENGINES_RAY_ADDRESS_ENV: self.ray_address, ENGINES_NAMESPACE_ENV: self.namespace}

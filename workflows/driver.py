@@ -30,6 +30,7 @@ from dapo_core.intervals import paired_change
 from engines.runtime import gc_heap, threads
 from engines.curate.stage import check_curated_splits_disjoint
 from engines.bootstrap.stage import policy_tokenizer_folder, source_folders, warmup_problem_ids
+from engines.rollout import ray_engines
 from engines.rollout.stage import check_prompt_lengths, manifest_path
 from engines.score.stage import ScoreStats
 from engines.train.launch import start_workers
@@ -307,7 +308,8 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
     started = time.perf_counter()
     layout = RunLayout(run_dir)
     start_run_folder(run_config, layout)
-    with stage_cores(run_config):
+    # With long-lived engines named (settings/rollout.py: EngineHosting), the run's own, removed at its end.
+    with stage_cores(run_config), ray_engines.hosted_for_run(run_dir):
         start_workers_early(run_config, layout)
         prepared = await prepare_run(run_config, layout)
         summary = await train_and_report(run_config, layout, prepared, started=started)

@@ -11,7 +11,9 @@ Determinism: every request carries its own seed derived from (rollout seed, prob
 sample index), and rows are sorted by (problem_id, sample_index), so the output does not depend on
 how prompts are spread over engines or batched. Several engines (one per GPU, Ray actors) run when
 more than one GPU is visible; otherwise one in-process engine, kept alive between calls and given
-new weights by reload (engines/rollout/vllm_engine.py).
+new weights by reload (engines/rollout/vllm_engine.py). With a long-lived Ray cluster named
+(settings/rollout.py: EngineHosting) every part runs on named, detached engine actors that outlive the
+task process and keep their weights between tasks (engines/rollout/ray_engines.py).
 
 Log-probs are the engine's raw log-probs (``vllm_engine.LOGPROBS_MODE``): log-softmax of the
 logits before temperature and top-p, i.e. the policy at temperature 1, which is what the trainer
@@ -32,8 +34,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engines.rollout import vllm_engine
-from settings.rollout import RolloutConfig
+from engines.rollout import ray_engines, vllm_engine
+from settings.rollout import EngineHosting, RolloutConfig
 from storage import checkpoints, pruning, run_store
 
 _RAY_ACTORS: list[_RayEngine] = []  # this process's engine actors, reused across rounds
@@ -363,10 +365,13 @@ class _EngineActor:
 
 @dataclass(frozen=True)
 class _RayEngine:
-    """One engine actor of this process (kept in ``_RAY_ACTORS``) and where it runs."""
+    """One engine actor (this process's, kept in ``_RAY_ACTORS``; or a long-lived one of ``namespace``,
+    found by ``name``) and where it runs."""
 
     actor: Any
     place: EnginePlace
+    name: str = ""  # the actor's name in ``namespace`` (long-lived engines only)
+    namespace: str = ""
 
     def named(self, index: int) -> str:
         return f"engine {index} (pid {self.place.pid} on Ray node {self.place.node_id})"
@@ -383,10 +388,47 @@ def _ray_engines(count: int, gpus_per_engine: int) -> list[_RayEngine]:
     return _RAY_ACTORS[:count]
 
 
+def _named_engines(count: int, gpus_per_engine: int, namespace: str) -> list[_RayEngine]:
+    """The long-lived engines 0..count-1 of ``namespace``, each found by name or started. A name whose
+    actor is dead but not yet unregistered (killed just before this call) is freed and looked up again."""
+    import ray
+
+    for _attempt in range(2):
+        found = ray_engines.named_actors(_EngineActor, count, gpus_per_engine, namespace)
+        asked = [(name, actor, actor.where.remote()) for name, actor in found]
+        engines, dead = [], []
+        for name, actor, place in asked:
+            try:
+                engines.append(_RayEngine(actor, ray.get(place), name, namespace))
+            except ray.exceptions.RayActorError:
+                dead.append(name)
+                ray_engines.forget(name, namespace)
+        if not dead:
+            return engines
+        _log.warning("long-lived engine actor(s) %s of Ray namespace %s were dead; started again", dead, namespace)
+    raise EngineLostError(f"long-lived engine actors {dead} of Ray namespace {namespace} died as they started; "
+                          "check the Ray cluster's nodes (memory, preemption)")
+
+
+def _drop_engine(engine: _RayEngine) -> None:
+    """Forget a dead engine actor: out of this process's engines, killed (an unreachable one must not
+    keep holding its GPU), and a long-lived one's name freed for the fresh actor that replaces it."""
+    import ray
+
+    if engine in _RAY_ACTORS:
+        _RAY_ACTORS.remove(engine)
+    ray.kill(engine.actor)
+    if engine.name:
+        ray_engines.forget(engine.name, engine.namespace)
+
+
 def _ray_generate(
-    checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]]
+    checkpoint_dir: str, settings: vllm_engine.EngineSettings, sampling: dict[str, Any], parts: list[list[dict[str, Any]]],
+    hosting: EngineHosting = EngineHosting(),
 ) -> list[GeneratedPart]:
-    """Run each part on its own GPU engine (Ray actors, started once per process and reused).
+    """Run each part on its own GPU engine: Ray actors, started once per process and reused, or with
+    ``hosting.persistent`` long-lived named actors that outlive the process (engines/rollout/ray_engines.py;
+    on a cluster without GPUs, a CPU workstation's `ray start`, they hold none).
 
     An actor that died (kill -9, a lost node; before or during this round) is dropped from the
     process's engines and its part runs once more on a fresh actor: each request carries its own
@@ -402,7 +444,11 @@ def _ray_generate(
     done: dict[int, GeneratedPart] = {}
     lost: list[str] = []
     for _attempt in range(2):
-        engines = _ray_engines(len(parts), settings.tensor_parallel_size)
+        if hosting.persistent:
+            per_engine = settings.tensor_parallel_size if vllm_engine.gpu_count() else 0
+            engines = _named_engines(len(parts), per_engine, hosting.ray_namespace)
+        else:
+            engines = _ray_engines(len(parts), settings.tensor_parallel_size)
         futures = {
             i: engines[i].actor.generate.remote(checkpoint_dir, settings, sampling, parts[i], f"engine {i}")
             for i in range(len(parts)) if i not in done
@@ -412,8 +458,7 @@ def _ray_generate(
                 done[i] = ray.get(future)
             except ray.exceptions.RayActorError as err:
                 lost.append(engines[i].named(i))
-                _RAY_ACTORS.remove(engines[i])
-                ray.kill(engines[i].actor)  # an unreachable one must not keep holding its GPU
+                _drop_engine(engines[i])
                 _log.warning("%s died (%s); its %d requests run again on a fresh engine",
                              engines[i].named(i), type(err).__name__, len(parts[i]))
         if len(done) == len(parts):
@@ -445,10 +490,14 @@ def _check_prompts_fit(
             )
 
 
-def _attach_to_ray_cluster() -> None:
-    """Join the Ray cluster named by ``RAY_ADDRESS`` (a cluster's Ray head sets it for its driver) before
-    the GPUs are counted, so its GPUs, not this machine's, decide the engines (vllm_engine.gpu_count).
-    Without the variable nothing happens: a laptop run counts its own GPUs and starts no Ray."""
+def _attach_to_ray_cluster(hosting: EngineHosting) -> None:
+    """Join the Ray cluster named by ``RAY_ADDRESS`` (a cluster's Ray head sets it for its driver), or the
+    long-lived one of ``hosting``, before the GPUs are counted, so its GPUs, not this machine's, decide
+    the engines (vllm_engine.gpu_count). Without either nothing happens: a laptop run counts its own GPUs
+    and starts no Ray."""
+    if hosting.persistent:
+        ray_engines.attach(hosting)
+        return
     if not os.environ.get("RAY_ADDRESS"):
         return
     import ray
@@ -465,14 +514,14 @@ def _engine_count(engines: int | None, config: RolloutConfig, gpus: int) -> int:
 
 def _generate_parts(
     source: str, checkpoint_dir: Path, settings: vllm_engine.EngineSettings, sampling: dict[str, Any],
-    parts: list[list[dict[str, Any]]], *, on_ray: bool,
+    parts: list[list[dict[str, Any]]], *, on_ray: bool, hosting: EngineHosting = EngineHosting(),
 ) -> tuple[list[dict[str, Any]], float]:
     """Every part's results, in part order, and the seconds spent generating: on Ray actors (each
     fetches ``source``; the parts generate at once, so the longest part's) or one after another on
     this process's engine (the sum). Fewer results than requests is an EngineOutputError, never a
     short round (a smaller group would skew its advantages, eq. 9)."""
     if on_ray:
-        done = _ray_generate(source, settings, sampling, parts)
+        done = _ray_generate(source, settings, sampling, parts, hosting)
         seconds = max(part.generate_seconds for part in done)
     else:
         done = [generate_part(str(checkpoint_dir), settings, sampling, part, f"part {i + 1}/{len(parts)}")
@@ -526,7 +575,7 @@ def _rollout_rows(
 
 def _manifest(
     rows: list[dict[str, Any]], config: RolloutConfig, *, source: str, checkpoint_id: str, policy_version: int,
-    generation_round: int, seed: int, max_model_len: int, engines: int, on_ray: bool, prompts: int, seconds: float,
+    generation_round: int, seed: int, max_model_len: int, engines: int, backend: str, prompts: int, seconds: float,
     generate_seconds: float,
 ) -> dict[str, Any]:
     """What the shard's manifest records: inputs, log-prob mode, settings, engines and timings."""
@@ -542,7 +591,7 @@ def _manifest(
         "config": asdict(config),
         "max_model_len": max_model_len,
         "engines": engines,
-        "engine_backend": "ray" if on_ray else "in-process",
+        "engine_backend": backend,
         "prompts": prompts,
         "samples": len(rows),
         "response_tokens": tokens,
@@ -561,13 +610,18 @@ def generate_rollouts(
     policy_version: int,
     generation_round: int,
     engines: int | None = None,
+    hosting: EngineHosting | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Generate G samples for each problem; returns (Rollout rows sorted by problem and sample, manifest).
 
     ``problems`` are ``{"problem_id", "prompt"}`` dicts. ``engines`` overrides ``config.engines``;
     with more than one GPU the parts run on Ray actors, otherwise sequentially on this process's
     engine (the same code path, used to test that the split does not change the output).
+    ``hosting`` (default: the one the environment names, settings/rollout.py: EngineHosting.from_environ)
+    set to a Ray address runs every part, one engine included, on the long-lived named engines; the rows
+    are the same either way.
     """
+    hosting = hosting if hosting is not None else EngineHosting.from_environ(os.environ)
     started = time.perf_counter()
     source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
     pruning.require_weights(source)  # a clear error for a checkpoint the retention policy pruned
@@ -582,19 +636,21 @@ def generate_rollouts(
     requests = _request_list(
         [{**p, "prompt_token_ids": ids} for p, ids in zip(problems, token_ids)], config, seed, generation_round
     )
-    _attach_to_ray_cluster()
+    _attach_to_ray_cluster(hosting)
     gpus = vllm_engine.gpu_count()
     parts = split_parts(requests, _engine_count(engines, config, gpus))
-    on_ray = len(parts) > 1 and gpus > 1
+    on_ray = hosting.persistent or (len(parts) > 1 and gpus > 1)
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
-    results, generate_seconds = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray)
+    results, generate_seconds = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray,
+                                                hosting=hosting)
     rows = _rollout_rows(results, checkpoint_id=info.checkpoint_id, seed=seed, policy_version=policy_version,
                          generation_round=generation_round)
     manifest = _manifest(
         rows, config, source=source, checkpoint_id=info.checkpoint_id, policy_version=policy_version,
         generation_round=generation_round, seed=seed, max_model_len=max_model_len, engines=len(parts),
-        on_ray=on_ray, prompts=len(problems), seconds=time.perf_counter() - started, generate_seconds=generate_seconds,
+        backend="ray-persistent" if hosting.persistent else "ray" if on_ray else "in-process", prompts=len(problems),
+        seconds=time.perf_counter() - started, generate_seconds=generate_seconds,
     )
     return rows, manifest
 

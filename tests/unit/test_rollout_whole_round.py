@@ -30,7 +30,7 @@ def _fake_engine(drop: tuple[str, int] | None):
 def test_a_round_missing_one_request_is_an_engine_fault_naming_it(monkeypatch: pytest.MonkeyPatch, on_ray: bool) -> None:
     parts = ro.split_parts(_requests(4, 3), 2)
     monkeypatch.setattr(ro, "generate_part", _fake_engine(drop=("p2", 1)))
-    monkeypatch.setattr(ro, "_ray_generate", lambda source, settings, sampling, parts: [
+    monkeypatch.setattr(ro, "_ray_generate", lambda source, settings, sampling, parts, hosting: [
         ro.generate_part(source, settings, sampling, part) for part in parts])
     with pytest.raises(ro.EngineOutputError, match="11 results for 12 requests.*problem p2 sample 1"):
         ro._generate_parts("ckpt", "ckpt", None, {}, parts, on_ray=on_ray)

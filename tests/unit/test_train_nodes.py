@@ -118,7 +118,7 @@ def test_a_driver_given_ray_address_attaches_to_that_cluster_and_spreads_the_rou
     monkeypatch.setattr(ro.checkpoints, "read_info", lambda folder: type("Info", (), {"checkpoint_id": "c"})())
     monkeypatch.setattr(ro, "tokenize_prompts", lambda folder, prompts, **kw: [[1, 2] for _ in prompts])
 
-    def where(source, checkpoint_dir, settings, sampling, parts, *, on_ray):
+    def where(source, checkpoint_dir, settings, sampling, parts, *, on_ray, hosting):
         raise _Counted(on_ray, len(parts))
 
     monkeypatch.setattr(ro, "_generate_parts", where)
@@ -142,7 +142,7 @@ def test_without_ray_address_a_round_starts_no_ray(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ro, "tokenize_prompts", lambda folder, prompts, **kw: [[1, 2] for _ in prompts])
     monkeypatch.setattr(ro.vllm_engine, "gpu_count", lambda: 0)
 
-    def where(source, checkpoint_dir, settings, sampling, parts, *, on_ray):
+    def where(source, checkpoint_dir, settings, sampling, parts, *, on_ray, hosting):
         raise _Counted(on_ray, len(parts))
 
     monkeypatch.setattr(ro, "_generate_parts", where)

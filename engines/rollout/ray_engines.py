@@ -1,0 +1,119 @@
+"""Long-lived engine actors: named, detached Ray actors that outlive the task processes using them.
+
+On a cluster every Flyte task is a process of its own (a fresh RayJob on open-source Flyte), so engines
+owned by the task die with it and the next rollout or evaluation starts every engine again. With
+``EngineHosting.ray_address`` set (settings/rollout.py), the engines are instead detached actors of a
+long-lived Ray cluster, named ``rollout-engine-<i>-tp<gpus>`` in the hosting's namespace: a task looks
+each one up by name and starts it only when none lives (the first call, or after the actor died), and
+an engine keeps its weights between calls; a new checkpoint reaches it through the in-place reload the
+in-process engine uses (engines/rollout/vllm_engine.py: get_engine). Every request carries its own
+seed, so which engine (warm, reloaded or fresh) samples a request changes nothing it samples.
+
+Detached actors outlive their creator by design: a run removes its own at its end (``release``,
+``hosted_for_run``), and ``dapo engines release`` removes a namespace's by hand after a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from settings.rollout import EngineHosting
+
+ENGINE_NAME = "rollout-engine-{index}-tp{gpus}"  # {gpus}: GPUs per engine, so a new shape never reuses an old actor
+_NAME_RELEASE_S = 30.0  # how long a killed actor's name may take to become free again
+
+
+def attach(hosting: EngineHosting) -> None:
+    """Join the long-lived cluster ``hosting`` names (once per process; a process already attached
+    stays where it is, e.g. through RAY_ADDRESS on a cluster's Ray head)."""
+    import ray
+
+    if not ray.is_initialized():
+        address = None if hosting.ray_address == "auto" and os.environ.get("RAY_ADDRESS") else hosting.ray_address
+        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+
+
+def run_namespace(run_dir: str) -> str:
+    """The Ray namespace of one run's engines: its folder's name and a digest of its full path (two runs
+    of one name in two roots get two namespaces, so one run's end never removes the other's engines)."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "-", run_dir.rstrip("/").rsplit("/", 1)[-1])[:80] or "run"
+    return f"dapo-{name}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}"
+
+
+def named_actors(actor_class: type, count: int, gpus_per_engine: int, namespace: str) -> list[tuple[str, Any]]:
+    """``(name, handle)`` of engines 0..count-1 in ``namespace``: the live actor of each name, else a new
+    detached one (``get_if_exists``: two tasks asking at once get the same actor, never two)."""
+    import ray
+
+    remote = ray.remote(num_gpus=gpus_per_engine)(actor_class)
+    found = []
+    for index in range(count):
+        name = ENGINE_NAME.format(index=index, gpus=gpus_per_engine)
+        handle = remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
+                                max_restarts=0).remote()
+        found.append((name, handle))
+    return found
+
+
+def forget(name: str, namespace: str) -> None:
+    """Kill the actor of ``name`` (dead or not) and wait until the name is free, so the next lookup starts
+    a fresh actor instead of returning the dead one."""
+    import ray
+
+    deadline = time.monotonic() + _NAME_RELEASE_S
+    while time.monotonic() < deadline:
+        try:
+            handle = ray.get_actor(name, namespace=namespace)
+        except ValueError:  # no live actor of that name
+            return
+        ray.kill(handle, no_restart=True)
+        time.sleep(0.1)
+    raise TimeoutError(f"Ray actor {namespace}/{name} still registered {_NAME_RELEASE_S:.0f} s after it was killed")
+
+
+def release(hosting: EngineHosting) -> list[str]:
+    """Kill every engine actor of the hosting's namespace; returns their names (none: nothing to do).
+    Attaches to the cluster only when it is set; a process not attached and a hosting without an address
+    have nothing to release."""
+    if not hosting.persistent:
+        return []
+    import ray
+
+    attach(hosting)
+    names = sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+                   if entry["namespace"] == hosting.ray_namespace and entry["name"].startswith("rollout-engine-"))
+    for name in names:
+        forget(name, hosting.ray_namespace)
+    return names
+
+
+@contextlib.contextmanager
+def hosted_for_run(run_dir: str, hosting: EngineHosting | None = None) -> Iterator[EngineHosting]:
+    """For the length of a run: its engines in its own namespace, all removed when the run ends, failed or
+    not. The namespace is the one the environment names, else the run's (``run_namespace``), exported to
+    this process's rollout calls and the processes it starts (a cluster's task pods get theirs from their
+    deployment: name one there). Without a Ray address it changes nothing and yields the hosting as it is."""
+    hosting = hosting if hosting is not None else EngineHosting.from_environ(os.environ)
+    if not hosting.persistent:
+        yield hosting
+        return
+    hosting = EngineHosting(ray_address=hosting.ray_address, namespace=hosting.namespace or run_namespace(run_dir))
+    saved = {key: os.environ.get(key) for key in hosting.environ()}
+    os.environ.update(hosting.environ())
+    try:
+        yield hosting
+    finally:
+        try:
+            release(hosting)
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

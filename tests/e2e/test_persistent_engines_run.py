@@ -1,0 +1,103 @@
+"""The main job's pipeline with long-lived engine actors: the same checkpoints as the plain local run.
+
+`dapo run` of a short run (tests/e2e/test_cluster_shape.py's config at 2 steps: two engines, two
+training ranks) twice: plain (in-process engine), and with ``DAPO_ENGINES_RAY_ADDRESS`` naming a
+two-node ``ray.cluster_utils.Cluster`` (one logical GPU per node), where every rollout and evaluation
+round runs on the run's named, detached engine actors (engines/rollout/ray_engines.py). The checkpoint
+ids and held-out results must be equal, bit for bit; every round's manifest must name the long-lived
+engines; and when the run ends no engine actor of its namespace may be left on the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import schemas
+from storage import checkpoints, run_store
+from storage.run_layout import RunLayout
+from tests.e2e.test_cluster_shape import CONFIG as SHAPE_CONFIG
+from tests.e2e.test_pipeline import DAPO, REPO, _env
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+CONFIG = [item for item in SHAPE_CONFIG if not item.startswith("run.steps=")] + [f"run.steps={STEPS}"]
+
+
+def _dapo_run(root: Path, env: dict[str, str]) -> RunLayout:
+    args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(root)]
+    for item in [*CONFIG, "run.name=warm"]:
+        args += ["--set", item]
+    started = time.monotonic()
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, f"dapo run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    print(f"{root.name}: {time.monotonic() - started:.0f} s")
+    return RunLayout(root / "warm")
+
+
+def _outcome(layout: RunLayout) -> dict[str, Any]:
+    ids = [checkpoints.read_info(layout.checkpoint(step)).checkpoint_id for step in range(STEPS + 1)]
+    evals = {step: schemas.read_shard(layout.eval_shard(step), schemas.EvalResult) for step in (0, STEPS)}
+    return {"ids": ids, "evals": evals}
+
+
+def _plain_env() -> dict[str, str]:
+    from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV
+
+    env = _env()
+    for key in ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV):
+        env.pop(key, None)
+    return {**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the nodes' workers inherit it
+        two_nodes = Cluster(initialize_head=True,
+                            head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
+        try:
+            two_nodes.add_node(num_cpus=1, num_gpus=1)
+            two_nodes.wait_for_nodes()
+            ray.init(address=two_nodes.address, include_dashboard=False)
+            yield two_nodes
+        finally:
+            ray.shutdown()
+            two_nodes.shutdown()
+
+
+def test_a_run_on_long_lived_engine_actors_gives_the_plain_runs_checkpoints_and_leaves_none(
+    cluster: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import ray
+
+    from settings.rollout import ENGINES_RAY_ADDRESS_ENV
+
+    plain = _outcome(_dapo_run(tmp_path_factory.mktemp("plain"), _plain_env()))
+    layout = _dapo_run(tmp_path_factory.mktemp("persistent"), {**_plain_env(), ENGINES_RAY_ADDRESS_ENV: cluster.address})
+    warm = _outcome(layout)
+
+    assert warm["ids"] == plain["ids"]
+    for step, table in plain["evals"].items():
+        assert warm["evals"][step].equals(table), f"held-out results of step {step} differ"
+    for step in range(1, STEPS + 1):
+        manifests = run_store.glob(layout.step_dir(step), "rollouts/*.manifest.json")
+        assert manifests
+        for manifest in manifests:
+            record = json.loads(run_store.read_text(manifest))
+            assert (record["engine_backend"], record["engines"]) == ("ray-persistent", 2), manifest
+    # The cluster is this test's alone: after the run, no engine actor in any namespace.
+    left = ray.util.list_named_actors(all_namespaces=True)
+    assert left == [], f"the run left engine actors behind: {left}"
+    assert os.environ.get(ENGINES_RAY_ADDRESS_ENV) is None

