@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 
 from dapo_core.intervals import mean_interval  # noqa: E402
 from storage.run_layout import RunLayout  # noqa: E402
+from storage.run_summary import read_summary  # noqa: E402
 
 
 def _dapo() -> list[str]:
@@ -85,7 +86,7 @@ def _run(config: str, sets: list[str], run_root: Path, env: dict[str, str]) -> t
     if proc.returncode != 0:
         sys.exit(f"dapo run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     summary_path = next(run_root.glob("*/summary.json"))
-    return seconds, json.loads(summary_path.read_text())
+    return seconds, read_summary(str(summary_path.parent))  # its paths resolved (summary.json's are relative)
 
 
 def _written(path: str) -> float:
@@ -277,7 +278,7 @@ def _run_seeds(args: argparse.Namespace, run_root: Path) -> int:
                 _run(args.config, sets, run_root, {})
             # Kept beside the run folder, so reading the folder again later still reports its load.
             load_path.write_text(json.dumps(sampler.stats()) + "\n")
-        summary = json.loads(summary_path.read_text())
+        summary = read_summary(str(summary_path.parent))
         load = json.loads(load_path.read_text()) if load_path.exists() else None
         rows.append({**seed_row(seed, summary, load), **step_shares(summary_path.parent, summary, args.steady_from)})
         print(_row_text(rows[-1]), flush=True)

@@ -4,7 +4,9 @@ The problem is rendered with the prompt template the policy was trained on (the 
 ``curate.prompt_template`` when the checkpoint lies in a run folder, else ``--template``) and
 sampled with the evaluation's settings (the run's ``evaluate`` section, else ``EvalConfig``'s:
 temperature 1.0, top_p 0.7), each overridable. With ``--gold`` every answer gets the rule reward's
-verdict (``dapo_core.rewards.score_responses``, the reward training and evaluation use).
+verdict (``dapo_core.rewards.score_responses``, the reward training and evaluation use). A problem
+with characters the checkpoint's tokenizer cannot represent (the tiny policy knows digits, signs
+and a few words, not "What is ...?") is refused in one line naming them, exit 2, before sampling.
 
 It runs vLLM offline in this process (``engines.rollout.stage.generate_rollouts``, the evaluation's
 own path) rather than calling a ``dapo serve``: one command, no server to start or find, and the
@@ -21,7 +23,7 @@ from typing import Any
 
 from dapo_core.answers import problem_id, render_prompt
 from dapo_core.rewards import Verdict, score_responses
-from engines.rollout.stage import RolloutError, generate_rollouts
+from engines.rollout.stage import RolloutError, generate_rollouts, tokenize_prompts
 from settings.evaluate import EvalConfig
 from settings.rollout import RolloutConfig
 from storage.checkpoints import CheckpointError
@@ -90,6 +92,9 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         policy = resolve_policy(args.checkpoint)
         prompt = render_prompt(_template(policy, args.template), args.problem)
+        # Text the tokenizer would drop or read as unknown is refused (PromptTextError, naming the
+        # characters) before anything is printed or an engine starts; not answered without them.
+        tokenize_prompts(policy.local_dir, [prompt], problem_ids=[problem_id(args.problem)])
         config, seed = sampling_config(policy, args)
         print(f"checkpoint {policy.checkpoint_id} (step {policy.step}); prompt {prompt!r}; temperature "
               f"{config.temperature}, top_p {config.top_p}, max {config.max_response_tokens} tokens, seed {seed}")

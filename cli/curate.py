@@ -1,10 +1,15 @@
-"""``dapo curate INPUT... --out DIR``: curate outside the pipeline (in-process, or as a local Flyte task)."""
+"""``dapo curate INPUT... --out DIR``: curate outside the pipeline (in-process, or as a local Flyte task).
+
+Like every stage command, its stdout is its result alone (the CurateReport as one JSON document,
+`| jq .kept`); the counts for a reader go to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from dapo_core.answers import (
@@ -16,6 +21,7 @@ from readers.problem_files import CurationError, split_suffix
 from settings.curate import CurateConfig
 from storage import digests, outputs, remakes, run_store
 from tasks.curate import curate
+from workflows import json_output
 from workflows.exit_codes import BAD_INPUT
 from workflows.local_flyte import run_local
 from workflows.verified_calls import check_remade, must_remake, record_stamps
@@ -67,7 +73,8 @@ def curate_on_flyte(inputs: list[str], out_dir: str, config: CurateConfig) -> Cu
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    """``dapo curate``: curate, print counts per split and per reason; 1 on a curation error."""
+    """``dapo curate``: curate; print the report as JSON (stdout) and its counts per split, rule and
+    reason as text (stderr); 2 on a curation error."""
     template = args.prompt_template.encode().decode("unicode_escape") if args.prompt_template else _TEMPLATES[args.template]
     config = CurateConfig(
         prompt_template=template,
@@ -91,13 +98,16 @@ def run_cli(args: argparse.Namespace) -> int:
     except (CurationError, ValueError) as err:
         print(f"dapo curate: error: {err}", file=sys.stderr)
         return BAD_INPUT
-    print(f"input rows: {report.input_rows}  kept: {report.kept}  rejected: {report.rejected}")
-    for split, n in report.kept_by_split.items():
-        print(f"  kept   {split:<22} {n}")
-    for rule, n in report.kept_by_rule.items():
-        if rule != "integer":
-            print(f"  rewrite {rule:<21} {n}")
-    for reason, n in report.rejected_by_reason.items():
-        print(f"  reject {reason:<22} {n}")
-    print(f"shards under {args.out}: {len(report.problem_shards)} problem, {len(report.rejected_shards)} rejected")
+    print(json_output.dumps(asdict(report)))  # stdout: the report alone, one JSON document
+    print(summary_text(report, args.out), file=sys.stderr)
     return 0
+
+
+def summary_text(report: CurateReport, out: str) -> str:
+    """The report for a reader: counts per split, per rewrite rule and per rejection reason."""
+    lines = [f"input rows: {report.input_rows}  kept: {report.kept}  rejected: {report.rejected}"]
+    lines += [f"  kept   {split:<22} {n}" for split, n in report.kept_by_split.items()]
+    lines += [f"  rewrite {rule:<21} {n}" for rule, n in report.kept_by_rule.items() if rule != "integer"]
+    lines += [f"  reject {reason:<22} {n}" for reason, n in report.rejected_by_reason.items()]
+    lines.append(f"shards under {out}: {len(report.problem_shards)} problem, {len(report.rejected_shards)} rejected")
+    return "\n".join(lines)

@@ -4,28 +4,33 @@ For a sample (a ``rollout_id``): its problem and source row, the checkpoint and 
 generated it, the reward verdict and the reward code's version, the dynamic-sampling decision,
 and the step that trained on it (and the checkpoint that step produced). For a checkpoint:
 its ancestors back to step 0, and for each training step the batch, the rounds and the
-metrics that produced it. Everything is read from the shards the stages wrote; nothing is
-inferred from names alone.
+metrics that produced it, with every scored shard its batch came from (carried surplus included).
+For a problem: every sample generated for it, with its step, round, reward and the step that
+trained on it. Everything is read from the shards the stages wrote; nothing is inferred from names
+alone. The problem and checkpoint questions are SQL over the run's views (storage/run_views.py,
+the views `dapo audit` queries); ``--checkpoint`` prints a short chain, and with ``--json`` the
+full record (``--sample`` always prints its record).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow.compute as pc
 
 import schemas
-from storage import checkpoints, run_store
+from cli.audit import LineageError, QueryResult, as_table, display_names, find_run
+from storage import checkpoints, run_views
 from storage.run_layout import RunLayout
 from workflows import json_output
 from workflows.exit_codes import BAD_INPUT
 
-
-class LineageError(LookupError):
-    """The run folder does not hold what was asked for (the message says where it looked)."""
+ANCESTORS_SHOWN = 3  # the chain's text lists this many ancestors, then the step-0 policy (--json: all)
 
 
 def _find_row(paths: list[Path], model: type, column: str, value: str) -> tuple[Path, dict[str, Any]] | None:
@@ -147,6 +152,8 @@ def sample_lineage(layout: RunLayout, rollout_id: str) -> dict[str, Any]:
 def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
     """A checkpoint's ancestors and, per training step, the data and metrics that made it."""
     folder = checkpoint_by_id(layout, checkpoint)
+    folders = {checkpoints.read_info(f).checkpoint_id: f for f in _checkpoint_dirs(layout)}
+    batches = run_views.step_batches(run_views.open_run(layout.root))
     chain = []
     while True:
         info = checkpoints.read_info(folder)
@@ -168,6 +175,10 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
                     "generated_by": sorted(set(batch.column("checkpoint_id").to_pylist())),
                     "reward_versions": sorted(set(batch.column("reward_version").to_pylist())),
                     "rounds": sorted(str(p) for p in Path(layout.step_dir(info.step)).glob("scored/*.parquet")),
+                    # every scored shard the batch came from, carried ones included
+                    "sources": [{"shard": str(Path(layout.root, s.shard)) if s.shard else None, "samples": s.samples,
+                                 "carried": s.carried}
+                                for s in batches[info.step].sources] if info.step in batches else [],
                 }
             metrics_path = Path(layout.metrics_shard(info.step))
             if metrics_path.exists():
@@ -177,7 +188,7 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
         chain.append(entry)
         if info.parent_checkpoint_id is None:
             break
-        folder = checkpoint_by_id(layout, info.parent_checkpoint_id)
+        folder = folders.get(info.parent_checkpoint_id) or checkpoint_by_id(layout, info.parent_checkpoint_id)
     return {"checkpoint": chain[0]["checkpoint_id"], "ancestry": chain}
 
 
@@ -189,47 +200,110 @@ def trained_samples(layout: RunLayout, step: int) -> list[str]:
     return schemas.read_shard(path, schemas.ScoredRollout).column("rollout_id").to_pylist()
 
 
-# Lineage reads records, never weights or optimizer state: these stay in the object store.
-_NOT_RECORDS = (".safetensors", ".bin", ".pt", ".pth", ".png", ".html")
-
-
 def resolve_run(run: str, run_root: str) -> RunLayout:
-    """A run folder given as a path or URI, or as a name under ``run_root``.
+    """A run folder given as a path or URI, or as a name under ``run_root`` (cli/audit.py: find_run;
+    a run in an object store is copied, records only, to a local folder, which the layout names)."""
+    return RunLayout(find_run(run, run_root))
 
-    A run in an object store is copied (records only) to a local folder first, which the
-    returned layout names; ``display_names`` maps its paths back to URIs.
-    """
-    candidates = [run] if run_store.is_remote(run) else [run, run_store.join(run_root, run)]
-    for candidate in candidates:
-        if not run_store.exists(run_store.join(candidate, "run.json")):
+
+def find_checkpoint(rows: tuple[run_views.CheckpointRow, ...], checkpoint: str, where: str) -> run_views.CheckpointRow:
+    """The row of ``checkpoint``: its id, ``step-N`` or the step number (as :func:`checkpoint_by_id`)."""
+    step_text = checkpoint.removeprefix("step-")
+    step = int(step_text) if step_text.isdigit() else None
+    for row in rows:
+        if checkpoint in (row.checkpoint_id, Path(row.folder).name) or row.step == step:
+            return row
+    raise LineageError(f"{where}: no checkpoint {checkpoint!r}; known: steps {rows[0].step}..{rows[-1].step}" if rows
+                       else f"{where}: no published checkpoint")
+
+
+def checkpoint_chain_text(con: duckdb.DuckDBPyConnection, checkpoint: str, where: str) -> str:
+    """A checkpoint in a few lines: its parent, the shards its batch came from (carried ones
+    included), a few metrics, and its ancestry back to the step-0 policy (the first ancestors and
+    the root; ``--json`` has them all)."""
+    rows = run_views.checkpoint_rows(con)
+    by_id = {row.checkpoint_id: row for row in rows}
+    chain = [find_checkpoint(rows, checkpoint, where)]
+    while chain[-1].parent_checkpoint_id in by_id:
+        chain.append(by_id[chain[-1].parent_checkpoint_id])
+    batches = run_views.step_batches(con)
+    head = chain[0]
+    lines = [f"checkpoint  {head.checkpoint_id}  step {head.step}, made by {head.produced_by}, {head.folder}"]
+    if head.parent_checkpoint_id is not None:
+        parent = by_id.get(head.parent_checkpoint_id)
+        lines.append(f"parent      {head.parent_checkpoint_id}" + (f"  step {parent.step}" if parent else "  (not in this run)"))
+    batch = batches.get(head.step)
+    if batch is not None:
+        lines.append(f"batch       {batch.shard}: {batch.samples} samples of {batch.problems} problems")
+        lines += [f"            {_source_text(source, batch.samples)}" for source in batch.sources]
+    metrics = [f"{name} {value:.4g}" for name, value in
+               (("loss", head.loss), ("entropy", head.entropy), ("accuracy", head.accuracy), ("reward_mean", head.reward_mean))
+               if value is not None]
+    if metrics:
+        lines.append(f"metrics     {'  '.join(metrics)}")
+    lines.append(f"ancestry    {len(chain)} checkpoint{'s' if len(chain) > 1 else ''} back to step {chain[-1].step}")
+    shown = chain if len(chain) <= ANCESTORS_SHOWN + 2 else [*chain[:ANCESTORS_SHOWN], None, chain[-1]]
+    width = len(str(head.step))
+    for row in shown:
+        if row is None:
+            lines.append(f"            ... {len(chain) - ANCESTORS_SHOWN - 1} more (--json lists every one)")
             continue
-        if not run_store.is_remote(candidate):
-            return RunLayout(Path(candidate).resolve())
-        local = _records_copy(candidate)
-        run_store.download_tree(candidate, local, exclude_suffixes=_NOT_RECORDS)
-        return RunLayout(local)
-    raise LineageError(f"{run!r}: not a run folder (no run.json here or under {run_root}/)")
+        batch = batches.get(row.step)
+        made = f"{batch.samples} samples, {batch.carried_samples} carried" if batch else f"made by {row.produced_by}"
+        lines.append(f"            step {row.step:<{width}}  {row.checkpoint_id}  {made}")
+    return "\n".join(lines)
 
 
-def _records_copy(uri: str) -> Path:
-    return run_store.mirror_root() / "lineage" / run_store.local_path(uri).relative_to(run_store.mirror_root())
+def _source_text(source: run_views.BatchSource, total: int) -> str:
+    if source.shard is None:
+        return f"{source.samples} of {total} samples in no scored shard of this run"
+    return f"{source.samples} of {total} samples {'carried from' if source.carried else 'from'} {source.shard}"
 
 
-def display_names(text: str, run: str, run_root: str) -> str:
-    """``text`` with the local records copy of an object-store run named by its URI again."""
-    for candidate in [run, run_store.join(run_root, run)]:
-        if run_store.is_remote(candidate):
-            text = text.replace(str(_records_copy(candidate)), candidate)
-    return text
+@dataclass(frozen=True)
+class ProblemLineage:
+    """A problem and every sample generated for it."""
+
+    problem: run_views.ProblemRow
+    samples: tuple[run_views.ProblemSample, ...]
+
+
+def problem_lineage(con: duckdb.DuckDBPyConnection, problem_id: str, where: str) -> ProblemLineage:
+    """The problem and every sample generated for it (step, round, reward, the step that trained on it)."""
+    problem = run_views.find_problem(con, problem_id)
+    if problem is None:
+        raise LineageError(f"{where}: no problem {problem_id!r} in curate/problems/ (ids are 16 hex characters; "
+                           f"`dapo audit RUN --sql \"SELECT problem_id, problem FROM problems\"` lists them)")
+    return ProblemLineage(problem, run_views.problem_samples(con, problem_id))
+
+
+_PROBLEM_COLUMNS = ("step", "round", "sample_index", "reward", "correct", "filter_reason", "trained_step", "rollout_id")
+
+
+def problem_text(lineage: ProblemLineage) -> str:
+    """The problem, a count of its samples and trained ones, then one table row per sample."""
+    problem, samples = lineage.problem, lineage.samples
+    trained = [s for s in samples if s.trained_step is not None]
+    steps = {s.step for s in samples}
+    lines = [f"problem  {problem.problem_id}  {problem.problem!r}  answer {problem.answer}, split {problem.split}, "
+             f"{problem.shard}",
+             f"samples  {len(samples)} in {len(steps)} step{'' if len(steps) == 1 else 's'}, {len(trained)} trained on "
+             f"({sum(s.correct for s in trained)} of them correct)"]
+    if samples:
+        rows = tuple(tuple(getattr(s, c) for c in _PROBLEM_COLUMNS) for s in samples)
+        lines += ["", as_table(QueryResult(_PROBLEM_COLUMNS, rows))]
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="run folder, or a run name under --run-root")
     parser.add_argument("--run-root", default="runs", help="where run names are looked up (default: %(default)s)")
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--sample", metavar="ROLLOUT_ID", help="trace one sample")
+    what.add_argument("--sample", metavar="ROLLOUT_ID", help="trace one sample (prints its JSON record)")
     what.add_argument("--checkpoint", metavar="ID", help="trace a checkpoint (its id, step-N, or the step number)")
+    what.add_argument("--problem", dest="problem_id", metavar="PROBLEM_ID", help="every sample of a problem and whether it was trained on")
     what.add_argument("--step", type=int, metavar="N", help="list the sample ids step N trained on")
+    parser.add_argument("--json", action="store_true", help="--checkpoint, --problem: the full record as JSON")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -240,15 +314,22 @@ def run_cli(args: argparse.Namespace) -> int:
         layout = resolve_run(args.run, args.run_root)
         if args.sample:
             show(json_output.dumps_readable(sample_lineage(layout, args.sample)))
-        elif args.checkpoint is not None:
+        elif args.checkpoint is not None and args.json:
             show(json_output.dumps_readable(checkpoint_lineage(layout, args.checkpoint)))
+        elif args.checkpoint is not None:
+            show(checkpoint_chain_text(run_views.open_run(layout.root), args.checkpoint, layout.checkpoints_dir))
+        elif args.problem_id is not None:
+            lineage = problem_lineage(run_views.open_run(layout.root), args.problem_id, layout.root)
+            show(json_output.dumps_readable(asdict(lineage)) if args.json else problem_text(lineage))
         else:
             for rollout_id in trained_samples(layout, args.step):
                 print(rollout_id)
-    except LineageError as err:
-        print(display_names(f"dapo lineage: {err}", args.run, args.run_root), file=sys.stderr)
+    except (LineageError, duckdb.Error) as err:  # duckdb: a shard the views cannot read (named in its message)
+        line = str(err).strip().splitlines()[0]
+        print(display_names(f"dapo lineage: {line}", args.run, args.run_root), file=sys.stderr)
         return BAD_INPUT
     return 0
 
 
-__all__ = ["sample_lineage", "checkpoint_lineage", "trained_samples", "resolve_run", "LineageError"]
+__all__ = ["sample_lineage", "checkpoint_lineage", "checkpoint_chain_text", "problem_lineage", "ProblemLineage", "trained_samples",
+           "resolve_run", "LineageError"]

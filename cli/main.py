@@ -29,7 +29,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("cli.ask", "sample answers to one problem from a checkpoint, with the reward's verdict"),
     "ablate": ("cli.ablate", "the paper's ablation ladder (naive GRPO ... DAPO) over several seeds"),
     "lineage": ("cli.lineage", "trace a training sample or checkpoint back to its origins"),
+    "audit": ("cli.audit", "SQL over a run folder's shards (DuckDB views: samples, batches, checkpoints, ...)"),
     "verify": ("cli.verify", "check every output of a run folder against its recorded digests"),
+    "report": ("cli.report", "draw a run folder's page (report/index.html) again from its records"),
     "deploy": ("cli.deploy", "serialise every Flyte environment and task for a cluster (--dry-run)"),
     "engines": ("cli.engines", "remove the long-lived Ray engine actors a run left (rollout.EngineHosting)"),
 }
@@ -59,9 +61,9 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
-# Subcommands whose stdout is their result (a manifest, metrics as JSON, answers, a report): what
-# libraries and child processes print goes to stderr instead (cli/result_stdout.py).
-RESULT_ON_STDOUT = frozenset({"curate", "bootstrap", "rollout", "score", "train", "eval", "ask"})
+# Subcommands whose stdout is their result (a manifest, metrics as JSON, answers, a report, serve's
+# ready line): what libraries and child processes print goes to stderr instead (cli/result_stdout.py).
+RESULT_ON_STDOUT = frozenset({"curate", "bootstrap", "rollout", "score", "train", "eval", "ask", "serve"})
 
 # Errors that mean "fix your config or input", raised before any long work; their messages name
 # the field, file or row. Names, because a Flyte task's failure arrives as flyte's own error type.
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run_command(argv)
     except KeyboardInterrupt as stop:
-        # By name, as USER_ERRORS: cli.run (which defines it) imports Flyte.
+        # By name, as USER_ERRORS: workflows.local_run (which defines it) imports Flyte.
         return ctrl_c_exit_code(argv, terminated=type(stop).__name__ == "Terminated")
 
 
@@ -102,6 +104,13 @@ def ctrl_c_exit_code(argv: Sequence[str], *, terminated: bool = False) -> int:
     return TERMINATED if terminated else INTERRUPTED
 
 
+def _config_errors() -> tuple[type[Exception], ...]:
+    """workflows.config's ConfigError, once a command imported that module (only such a command can
+    raise it). Not imported here: it imports torch (~2 s), which `dapo audit` and `dapo lineage` never need."""
+    config = sys.modules.get("workflows.config")
+    return (config.ConfigError,) if config is not None else ()
+
+
 def _run_command(argv: list[str]) -> int:
     """Parse ``argv`` and run its subcommand; returns the exit code (user errors: one line, 2)."""
     args = build_parser(argv).parse_args(argv)
@@ -110,14 +119,13 @@ def _run_command(argv: list[str]) -> int:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
         return BAD_INPUT
     from settings.checks import FieldError
-    from workflows.config import ConfigError
 
     from cli.result_stdout import result_stdout
 
     try:
         with result_stdout() if args.command in RESULT_ON_STDOUT else contextlib.nullcontext():
             return int(module.run_cli(args) or OK)
-    except (ConfigError, FieldError) as err:  # FieldError: a stage setting given as a command-line option
+    except (*_config_errors(), FieldError) as err:  # FieldError: a stage setting given as a command-line option
         # A config mistake is the user's, not the code's: one line naming the file or --set
         # and the field, no traceback, exit code 2 (as argparse does for bad arguments).
         print(f"dapo {args.command}: config error: {err}", file=sys.stderr)

@@ -4,8 +4,10 @@ The checkpoint is a folder (path or object-store URI) or a run folder, meaning i
 checkpoint (workflows/policy_source.py). The served model's name is the checkpoint id, stable
 for those weights. Engine settings are the rollout engine's: the run's ``rollout`` section when
 the checkpoint lies in a run folder (else the defaults), the context from the checkpoint's
-config. One line says the URL and the model name once the server answers as that model (not
-merely once something answers on the port); Ctrl-C stops it. A port in use, out of range, or a
+config. One line on stdout says the URL and the model name once the server answers as that model
+(not merely once something answers on the port), and stdout holds nothing else: the server's own
+output (vLLM's logs and warnings) goes to stderr (cli/main.py: RESULT_ON_STDOUT). Ctrl-C stops it
+and exits 130 (SIGTERM: 143), as every command does. A port in use, out of range, or a
 host that is not an address of this machine is refused at once, before the checkpoint is read
 (engines/rollout/serving.py: ``check_address``).
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from engines.rollout import stage as rollout, serving, vllm_engine
 from settings.rollout import RolloutConfig
 from storage.checkpoints import CheckpointError
-from workflows.exit_codes import BAD_INPUT, FAILED
+from workflows.exit_codes import BAD_INPUT, FAILED, INTERRUPTED
 from workflows.policy_source import PolicySource, resolve_policy
 
 
@@ -80,7 +82,7 @@ def run_cli(args: argparse.Namespace) -> int:
             return FAILED
         except KeyboardInterrupt:
             serving.stop_server(process)
-            return 0
+            return INTERRUPTED
         print(f"dapo serve: {url}/v1 serves model {policy.checkpoint_id!r} (step {policy.step}, {policy.source}); "
               "Ctrl-C to stop", flush=True)
         return serving.serve_until_stopped(process)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from storage import checkpoints, digests, pruning, remakes, run_store
 from storage.run_layout import RunLayout
+from storage.run_summary import read_summary
 from workflows.config import ConfigError, config_from_dict
 from workflows.exit_codes import BAD_INPUT, FAILED, OK
 
@@ -95,7 +96,7 @@ def verify_run(root: str, *, deep: bool = True) -> tuple[list[str], int]:
         if _needs_record(name):
             problems.append(f"{run_store.join(layout.root, name)}: no digest record covers it")
     if run_store.exists(layout.summary):
-        final = json.loads(run_store.read_text(layout.summary)).get("final_checkpoint")
+        final = read_summary(layout.root).get("final_checkpoint")
         if final and not checkpoints.is_complete(final):
             problems.append(f"{final}: the final checkpoint summary.json names is missing or incomplete")
     return problems, checked

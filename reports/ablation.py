@@ -46,8 +46,14 @@ def _per_step_mean(runs: list[dict[str, Any]], key: str) -> list[float | None]:
     return [_mean([r["metrics"][i].get(key) for r in runs]) for i in range(steps)]
 
 
+def rung_run_page(slug: str, seed: int) -> str:
+    """A rung's run page relative to the ladder folder: each rung and seed runs in ``<slug>/seed-<n>/``
+    (workflows/ablation.py lays the ladder out so) with its page in ``report/``."""
+    return f"{slug}/seed-{seed}/report/index.html"
+
+
 def rung_row(result: dict[str, Any]) -> dict[str, Any]:
-    """One ``ablation.json`` entry from a rung's runs (see cli/ablate.py)."""
+    """One ``ablation.json`` entry from a rung's runs (see workflows/ablation.py)."""
     runs = result["runs"]
     finals = [r["summary"]["accuracy_after"] for r in runs]
     eval_steps = [e["step"] for e in runs[0]["summary"]["evals"]]
@@ -58,6 +64,7 @@ def rung_row(result: dict[str, Any]) -> dict[str, Any]:
         "config": result["settings"],
         "accuracy": finals,
         "seeds": [r["seed"] for r in runs],
+        "run_pages": [rung_run_page(result["slug"], r["seed"]) for r in runs] if result.get("slug") else [],
         "accuracy_mean": sum(finals) / len(finals),
         "accuracy_std": _std(finals),
         "accuracy_before": runs[0]["summary"]["accuracy_before"],
@@ -130,27 +137,35 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+# (file stem, title, metrics key or None for the held-out curve, shown in percent): every fraction is
+# drawn in percent, as the table shows it.
 _PANELS = [
-    ("eval", "Held-out avg@k", None),
-    ("entropy", "Policy entropy (token mean, nats)", "entropy"),
-    ("response_length_mean", "Response length (tokens, trained batch)", "response_length_mean"),
-    ("truncation_ratio", "Truncated responses (fraction generated)", "truncation_ratio"),
-    ("accuracy", "Training accuracy (fraction generated)", "accuracy"),
-    ("clip_frac_high", "Clip fraction, high side", "clip_frac_high"),
+    ("eval", "Held-out avg@k (%)", None, True),
+    ("entropy", "Policy entropy (token mean, nats)", "entropy", False),
+    ("response_length_mean", "Response length (tokens, trained batch)", "response_length_mean", False),
+    ("truncation_ratio", "Truncated responses (% generated)", "truncation_ratio", True),
+    ("accuracy", "Training accuracy (% generated)", "accuracy", True),
+    ("clip_frac_high", "Clip fraction, high side (% tokens)", "clip_frac_high", True),
 ]
 
 
-def _draw_panel(ax: Any, table: list[dict[str, Any]], title: str, key: str | None) -> None:
+def _scaled(values: list[float | None], percent: bool) -> list[float]:
+    """Values to draw: NaN for a missing one (a gap), x100 for a fraction shown in percent."""
+    return [float("nan") if v is None else v * (100.0 if percent else 1.0) for v in values]
+
+
+def _draw_panel(ax: Any, table: list[dict[str, Any]], title: str, key: str | None, percent: bool) -> None:
     for row in table:
         if key is None:
             xs, ys = row["eval_curve"]["steps"], row["eval_curve"]["avg_at_k_mean"]
-            ax.plot(xs, ys, marker="o", label=row["name"])
+            ax.plot(xs, _scaled(ys, percent), marker="o", label=row["name"])
         else:
             ys = row["step_curves"][key]
             # markers: a step without a value (e.g. NaN accuracy when carried groups alone
             # filled the batch) leaves a gap that would hide an isolated point of a plain line
-            ax.plot(range(1, len(ys) + 1), [float("nan") if v is None else v for v in ys], marker=".",
-                    label=row["name"])
+            ax.plot(range(1, len(ys) + 1), _scaled(ys, percent), marker=".", label=row["name"])
+    if percent:
+        ax.set_ylim(bottom=0)  # a share never runs below 0%
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("training step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -167,9 +182,9 @@ def _png(fig: Any) -> bytes:
 def panel_pngs(table: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
     """One small PNG per curve panel (all rungs in each), for the page's wrapping grid."""
     out = []
-    for stem, title, key in _PANELS:
+    for stem, title, key, percent in _PANELS:
         fig, ax = plt.subplots(figsize=(3.9, 2.93), dpi=100)
-        _draw_panel(ax, table, title, key)
+        _draw_panel(ax, table, title, key, percent)
         ax.legend(fontsize=6)
         fig.tight_layout()
         out.append((stem, _png(fig)))
@@ -194,8 +209,8 @@ def bar_chart_png(table: list[dict[str, Any]]) -> bytes:
 def write_curves(table: list[dict[str, Any]], path: Path) -> Path:
     """A 2 x 3 grid of per-rung curves (mean over seeds), one file (benchmarks/ablation.py copies it)."""
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), dpi=100)
-    for ax, (_, title, key) in zip(axes.flat, _PANELS):
-        _draw_panel(ax, table, title, key)
+    for ax, (_, title, key, percent) in zip(axes.flat, _PANELS):
+        _draw_panel(ax, table, title, key, percent)
     axes.flat[0].legend(fontsize=8)
     fig.suptitle("DAPO ablation ladder (mean over seeds)")
     fig.tight_layout()
@@ -222,6 +237,17 @@ def write_ablation(root: Path, results: list[dict[str, Any]], *, base: Any, seco
     return table, page
 
 
+def _per_seed_html(row: dict[str, Any]) -> str:
+    """Each seed's final avg@k, linked to that seed's run page (relative to the ladder folder) when known."""
+    pages = row.get("run_pages") or []
+    cells = []
+    for i, (seed, accuracy) in enumerate(zip(row["seeds"], row["accuracy"])):
+        shown = html.escape(f"{accuracy:.1%}")
+        cells.append(f"<a href='{html.escape(pages[i])}' title='seed {seed}: its run page'>{shown}</a>"
+                     if i < len(pages) else shown)
+    return ", ".join(cells)
+
+
 def _interval_text(half: float | None) -> str:
     return "n/a (one seed)" if half is None else f"+/- {half * 100:.1f} pts"
 
@@ -236,7 +262,8 @@ _STYLE = (
     "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;padding:12px 16px;max-width:1240px;color:#222}"
     "h1{font-size:22px;margin:4px 0 10px}h2{font-size:17px;margin:18px 0 6px}.note{font-size:12px;color:#555}"
     ".scroll{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:13px}"
-    "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right;white-space:nowrap}th{background:#f4f4f4}"
+    "td,th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}th{background:#f4f4f4}"
+    "th{white-space:normal;vertical-align:bottom;min-width:60px}td.seeds{white-space:normal;min-width:110px}"
     "td.name{text-align:left}.grid{display:flex;flex-wrap:wrap;gap:8px}img{max-width:100%;height:auto;border:1px solid #eee}"
 )
 
@@ -246,8 +273,8 @@ def render_page(table: list[dict[str, Any]], *, source: str, seconds: float) -> 
     k, n = table[0]["eval_k"], table[0]["eval_problems"]
     naive = table[0]["accuracy"]
     head = ["rung", f"held-out avg@{k} (mean)", "95% interval over seeds", "change vs naive GRPO",
-            "95% interval of change", "per seed", "entropy (last quarter, nats)", "length (tokens)", "truncated",
-            "generation rounds", "seeds"]
+            "95% interval of change", "per seed (its run page)", "entropy, last quarter (nats)", "length (tokens)",
+            "truncated", "generation rounds", "seeds"]
     rows = []
     for i, row in enumerate(table):
         _, half = mean_interval(row["accuracy"])
@@ -259,7 +286,7 @@ def render_page(table: list[dict[str, Any]], *, source: str, seconds: float) -> 
             f"<td id='rung-{i}-ci'>{_interval_text(half)}</td>",
             "<td>reference</td><td></td>" if i == 0 else
             f"<td>{change * 100:+.1f} pts</td><td>{_interval_text(change_half)}</td>",
-            f"<td>{html.escape(', '.join(f'{a:.1%}' for a in row['accuracy']))}</td>",
+            f"<td class='seeds'>{_per_seed_html(row)}</td>",
             f"<td>{_fmt(row['entropy_last_quarter'], '.3f')}</td>",
             f"<td>{_fmt(row.get('response_length_mean'), ',.1f')}</td>",
             f"<td>{_fmt(row['truncation_ratio_mean'], '.1%')}</td>",

@@ -1,15 +1,18 @@
 """The run report: one self-contained HTML page (images inline) built from a run's summary and metrics.
 
 First screen: the headline a user opens the page for, held-out avg@k before -> after and the change
-with its 95% interval, pass@k, steps done / planned, wall time, status, config name and digest.
-Then the curves a DAPO user reads, one SVG chart each (reports/svg_charts.py, two abreast at 1280 px):
-held-out accuracy with its interval, training accuracy and reward, entropy (collapse watch,
-sec. 3.1), response length and truncation (sec. 3.4), clip fractions low/high (clip-higher,
-sec. 3.1), generation rounds (dynamic sampling, sec. 3.2), stage timings. Then the tables,
-human-formatted, each scrolling in its own box, and sample responses with their lineage. The same
-page is written to ``<run>/report/index.html`` (the SVGs beside it too) and published as the Flyte
-report of the driver task, so it loads nothing from the network. It is cheap enough (tens of
-milliseconds) to redraw after every step: benchmarks/report_refresh.py measures it.
+with its 95% interval, pass@k, steps done / planned, wall time, status, config name and digest;
+relative links to the run folder's records, the wall-time split, and what stands out (anomalies in
+words, reports/anomalies.py). Then the curves a DAPO user reads, one SVG chart each
+(reports/svg_charts.py, two abreast at 1280 px): held-out accuracy with its interval, training
+accuracy and reward, loss, KL, grad norm and lr, entropy (collapse watch, sec. 3.1), response
+length and truncation (sec. 3.4), clip fractions low/high (clip-higher, sec. 3.1), generation
+rounds (dynamic sampling, sec. 3.2), stage timings. Then the tables, human-formatted, each
+scrolling in its own box (the steps table's columns derived from the step record), and sample
+generations of mixed outcomes with their lineage. The same page is written to
+``<run>/report/index.html`` (the SVGs beside it too) and published as the Flyte report of the
+driver task, so it loads nothing from the network. It is cheap enough (tens of milliseconds) to
+redraw after steps: benchmarks/report_refresh.py measures it.
 """
 
 from __future__ import annotations
@@ -17,13 +20,18 @@ from __future__ import annotations
 import base64
 import html
 import math
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dapo_core.answer_extraction import looks_hedged
 from dapo_core.intervals import binomial_change, mean_interval
-from schemas.step_stats import STEP_FIELDS
+from schemas.models import STEP_KEY
+from schemas.step_stats import STEP_FIELDS, StepField
 from storage.run_store import write_text
+from reports.anomalies import Anomaly, find_anomalies
 from reports.svg_charts import HEIGHT_PX, WIDTH_PX, Series, chart
 
 
@@ -73,6 +81,12 @@ def decimal(digits: int) -> Callable[[Any], str]:
 def sci(v: Any) -> str:
     x = _num(v)
     return "n/a" if x is None else f"{x:.2e}"
+
+
+def general(v: Any) -> str:
+    """Four significant digits: 0.012345 -> '0.01235', 1e-06 -> '1e-06'."""
+    x = _num(v)
+    return "n/a" if x is None else f"{x:.4g}"
 
 
 def text(v: Any) -> str:
@@ -197,6 +211,15 @@ def _rounds_chart(metrics: list[dict[str, Any]]) -> str | None:
                  y_label="rounds", right_label="samples trained")
 
 
+def _optimizer_chart(metrics: list[dict[str, Any]]) -> str | None:
+    """Gradient norm (before clipping) on the left axis, the learning rate on the right."""
+    if not _has(metrics, ["grad_norm", "lr"]):
+        return None
+    return chart("Gradient norm and learning rate", [m["step"] for m in metrics],
+                 [Series("grad norm", _series(metrics, "grad_norm")), Series("lr", _series(metrics, "lr"), right=True)],
+                 y_label="grad norm (before clipping)", right_label="learning rate")
+
+
 def _timings_chart(metrics: list[dict[str, Any]]) -> str | None:
     cols = [("time_rollout_s", "rollout"), ("time_score_s", "score"), ("time_train_s", "train")]
     if not _has(metrics, [c for c, _ in cols]):
@@ -218,6 +241,10 @@ def _charts(metrics: list[dict[str, Any]], evals: list[dict[str, Any]]) -> list[
                                  [("accuracy", "accuracy")], percent=True, gaps=gaps)),
         ("reward", _line_chart(metrics, "Reward of the trained batch", "mean reward (-1 .. +1)",
                                [("reward_mean", "reward mean")])),
+        ("loss", _line_chart(metrics, "Loss (DAPO objective, eq. 8)", "token-level mean", [("loss", "loss")])),
+        ("kl", _line_chart(metrics, "Approximate KL(old || new) (monitoring; DAPO has no KL term)", "KL (nats)",
+                           [("approx_kl", "approx KL")])),
+        ("optimizer", _optimizer_chart(metrics)),
         ("entropy", _line_chart(metrics, "Policy entropy (collapse watch, sec. 3.1)", "token mean (nats)",
                                 [("entropy", "entropy")])),
         ("length", _line_chart(metrics, "Response length (trained batch)", "mean length (tokens)",
@@ -246,66 +273,108 @@ def write_plots(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], out_
 
 # ---- tables -----------------------------------------------------------------------------------
 
-_STEP_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("step", "step", integer),
-    ("generation_rounds", "rounds", integer),
-    ("samples", "samples trained", integer),
-    ("trained_groups", "groups", integer),
-    ("carried_groups", "carried groups", integer),
-    ("accuracy", "train accuracy", pct),
-    ("reward_mean", "reward", decimal(3)),
-    ("entropy", "entropy (nats)", decimal(3)),
-    ("response_length_mean", "length (tokens)", decimal(1)),
-    ("truncation_ratio", "truncated", pct),
-    ("clip_frac_low", "clip low", pct),
-    ("clip_frac_high", "clip high", pct),
-    ("grad_norm", "grad norm", decimal(3)),
-    ("lr", "lr", sci),
-    ("tokens", "tokens", integer),
-    ("verdict_timeouts", "verdict timeouts", integer),
-    ("time_rollout_s", "rollout", seconds),
-    ("time_score_s", "score", seconds),
-    ("time_train_s", "train", seconds),
-]
+@dataclass(frozen=True)
+class Column:
+    """One table column: the record's key, its heading, its group heading and how a value reads."""
+
+    key: str
+    label: str
+    group: str
+    fmt: Callable[[Any], str]
 
 
-def _unknown_step_columns(columns: list[tuple[str, str, Callable[[Any], str]]]) -> list[str]:
-    """The table's column keys that are no field of the step record (schemas.StepStats)."""
-    known = {f.name for f in STEP_FIELDS}
-    return [key for key, _, _ in columns if key not in known]
+def _field_format(field: StepField) -> Callable[[Any], str]:
+    """How a step statistic reads, from its declared unit and type (schemas/models.py: UNITS)."""
+    if field.unit == "fraction":
+        return pct
+    if field.unit == "s":
+        return seconds
+    if field.python_type is int:
+        return integer
+    return general if field.python_type is float else text
 
 
-# The steps table shows a chosen subset of the step record's fields, labelled and formatted for a
-# reader; its keys are the record's names (checked here, at import, so a renamed or removed metric
-# fails loudly instead of leaving an empty column).
-if _unknown_step_columns(_STEP_COLUMNS):
-    raise ImportError(f"reports/run.py: steps table columns not in StepMetrics: {_unknown_step_columns(_STEP_COLUMNS)}")
-
-_EVAL_COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
-    ("step", "step", integer),
-    ("avg_at_k", "avg@k", pct),
-    ("pass_at_k", "pass@k", pct),
-    ("maj_at_k", "maj@k", pct),
-    ("problems", "problems", integer),
-    ("k", "k", integer),
-    ("verdict_timeouts", "verdict timeouts", integer),
-    ("checkpoint_id", "checkpoint", text),
-    ("seconds", "time", seconds),
-]
+def step_columns(fields: Sequence[StepField] = STEP_FIELDS) -> list[Column]:
+    """The steps table's columns: the step, then every statistic the step record declares, in its
+    order, labelled by its name and grouped by its tracker group. Nothing here names a metric, so a
+    new one reaches the table by its declaration alone."""
+    stats = [Column(f.name, f.name.replace("_", " "), f.group, _field_format(f)) for f in fields if f.by != STEP_KEY]
+    return [Column("step", "step", "", integer), *stats]
 
 
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, Callable[[Any], str]]], id_: str) -> str:
-    cols = [c for c in columns if any(c[0] in r for r in rows)]
-    head = "".join(f"<th>{html.escape(label)}</th>" for _, label, _ in cols)
+def _group_header(cols: list[Column]) -> str:
+    """One heading cell per run of columns of the same group (the tracker panel's name)."""
+    cells: list[tuple[str, int]] = []
+    for c in cols:
+        if cells and cells[-1][0] == c.group:
+            cells[-1] = (c.group, cells[-1][1] + 1)
+        else:
+            cells.append((c.group, 1))
+    return "".join(f"<th colspan='{n}' class='group'>{html.escape(g.replace('_', ' '))}</th>" for g, n in cells)
+
+
+def _table(rows: list[dict[str, Any]], columns: list[Column], id_: str, *, groups: bool = False) -> str:
+    cols = [c for c in columns if any(c.key in r for r in rows)]
+    head = "".join(f"<th>{html.escape(c.label)}</th>" for c in cols)
+    group_row = f"<tr>{_group_header(cols)}</tr>" if groups else ""
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(fmt(r.get(key)))}</td>" for key, _, fmt in cols) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td>{html.escape(c.fmt(r.get(c.key)))}</td>" for c in cols) + "</tr>" for r in rows
     )
-    return f"<div class='scroll'><table id='{id_}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    return (f"<div class='scroll'><table id='{id_}'><thead>{group_row}<tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def steps_table(rows: list[dict[str, Any]], fields: Sequence[StepField] = STEP_FIELDS, id_: str = "steps") -> str:
+    """The steps table of ``rows`` (StepMetrics rows), its columns from ``fields``."""
+    return _table(rows, step_columns(fields), id_, groups=True)
+
+
+PAGE_STEPS = 100  # past this many steps, earlier steps are summarised a block of this many to a row
+
+
+def _block_means(block: list[dict[str, Any]], columns: list[Column]) -> dict[str, Any]:
+    """One row standing for a block of steps: the mean of each numeric column over the block."""
+    row: dict[str, Any] = {"step": f"{block[0]['step']}-{block[-1]['step']}"}
+    for c in columns[1:]:
+        values = [x for x in (_num(r.get(c.key)) for r in block) if x is not None]
+        row[c.key] = sum(values) / len(values) if values else None
+    return row
+
+
+def _steps_section(metrics: list[dict[str, Any]]) -> str:
+    """The steps table; past ``PAGE_STEPS`` steps, the earlier ones as one row of block means per
+    ``PAGE_STEPS`` steps (folded) and the latest block in full, so the page stays short and quick to
+    redraw at 1,000 steps. Every step's row is in its steps/step-NNNN/metrics.parquet."""
+    if len(metrics) <= PAGE_STEPS:
+        return steps_table(metrics)
+    cut = (len(metrics) - 1) // PAGE_STEPS * PAGE_STEPS
+    earlier, latest = metrics[:cut], metrics[cut:]
+    columns = step_columns()
+    means = [_block_means(earlier[i:i + PAGE_STEPS], columns) for i in range(0, len(earlier), PAGE_STEPS)]
+    summary_columns = [Column("step", "steps", "", text), *columns[1:]]
+    return (f"<p class='note'>{len(metrics):,} steps: the latest {len(latest)} below, row by row; the earlier ones "
+            f"as the mean of each block of {PAGE_STEPS} (every step's row: steps/step-NNNN/metrics.parquet).</p>"
+            f"<details><summary>steps {earlier[0]['step']}-{earlier[-1]['step']}: block means</summary>"
+            f"{_table(means, summary_columns, 'steps-blocks', groups=True)}</details>"
+            f"{steps_table(latest, id_='steps-latest')}")
+
+
+_EVAL_COLUMNS: list[Column] = [
+    Column("step", "step", "", integer),
+    Column("avg_at_k", "avg@k", "", pct),
+    Column("pass_at_k", "pass@k", "", pct),
+    Column("maj_at_k", "maj@k", "", pct),
+    Column("problems", "problems", "", integer),
+    Column("k", "k", "", integer),
+    Column("verdict_timeouts", "verdict timeouts", "", integer),
+    Column("checkpoint_id", "checkpoint", "", text),
+    Column("seconds", "time", "", seconds),
+]
 
 
 def _details_table(summary: dict[str, Any]) -> str:
     rows = [
-        ("run folder", summary.get("run_dir")), ("final checkpoint", summary.get("final_checkpoint")),
+        ("final checkpoint", summary.get("final_checkpoint")),
         ("config", summary.get("config")), ("config digest", summary.get("config_digest")),
         ("training problems", integer(summary.get("problems_train"))),
         ("held-out problems", integer(summary.get("problems_test"))),
@@ -314,46 +383,160 @@ def _details_table(summary: dict[str, Any]) -> str:
     return f"<div class='scroll'><table class='kv'>{body}</table></div>"
 
 
-def _samples_html(samples: list[dict[str, Any]], run_dir: str) -> str:
-    parts = [
-        "<p>Each sample names its lineage: the rollout id, problem, checkpoint that generated it and the "
-        "generation round. Trace one to its prompt, seed and reward version with "
-        f"<code>dapo lineage {html.escape(run_dir)} --sample ROLLOUT_ID</code>; list the samples any step "
-        f"trained on with <code>dapo lineage {html.escape(run_dir)} --step N</code>.</p>"
-    ]
+# ---- links, wall time, anomalies --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    """A file beside the page, linked relatively (the page opens from disk, in any copy of the run)."""
+
+    label: str
+    href: str  # relative to the page's folder (<run>/report/)
+    group: str = "run"  # the line of the links bar it goes on
+
+
+def _links_html(links: Sequence[Link]) -> str:
+    if not links:
+        return ""
+    groups: dict[str, list[Link]] = {}
+    for link in links:
+        groups.setdefault(link.group, []).append(link)
+    lines = "".join(
+        f"<div><span class='label'>{html.escape(group)}:</span> "
+        + " &middot; ".join(f"<a href='{html.escape(link.href)}'>{html.escape(link.label)}</a>" for link in items) + "</div>"
+        for group, items in groups.items())
+    return f"<nav class='links' id='links'>{lines}</nav>"
+
+
+@dataclass(frozen=True)
+class WallSplit:
+    """Where the run's wall time went: the training steps, the evaluations, and the rest (curation,
+    the step-0 policy, worker start, reports). None where the summary does not say."""
+
+    wall_s: float | None
+    steps_s: float | None
+    evals_s: float | None
+    rest_s: float | None
+
+
+def wall_split(summary: dict[str, Any], evals: list[dict[str, Any]]) -> WallSplit:
+    """The split from summary.json (``wall_seconds``, ``step_seconds``) and the evaluations' own times.
+    The step times exclude the evaluations (the driver evaluates after it stops a step's clock)."""
+    wall = _num(summary.get("wall_seconds"))
+    step_s = [_num(x) for x in summary.get("step_seconds") or []]
+    steps = sum(x for x in step_s if x is not None) if step_s else None
+    eval_s = [_num(e.get("seconds")) for e in evals]
+    evals_total = sum(x for x in eval_s if x is not None) if eval_s and all(x is not None for x in eval_s) else None
+    rest = None if wall is None or steps is None else max(0.0, wall - steps - (evals_total or 0.0))
+    return WallSplit(wall, steps, evals_total, rest)
+
+
+def _wall_html(split: WallSplit) -> str:
+    if split.wall_s is None or split.wall_s <= 0:
+        return ""
+    rest = ("the rest (curation, step-0 policy, worker start, reports)" if split.evals_s is not None else
+            "the rest (evaluations included: this summary.json has no evaluation times)")
+    parts = [("steps", split.steps_s, "#4c72b0"), ("evaluations", split.evals_s, "#dd8452"), (rest, split.rest_s, "#bbbbbb")]
+    shown = [(label, x, c) for label, x, c in parts if x is not None]
+    words = " + ".join(f"{label} {seconds(x)} ({x / split.wall_s:.0%})" for label, x, _ in shown)
+    bar = "".join(f"<div style='width:{100 * x / split.wall_s:.2f}%;background:{c}' title='{html.escape(label)}'></div>"
+                  for label, x, c in shown)
+    return (f"<div id='wall-split'><div>Wall time {seconds(split.wall_s)} = {html.escape(words)}</div>"
+            f"<div class='bar'>{bar}</div></div>")
+
+
+def _anomalies_html(found: list[Anomaly]) -> str:
+    if not found:
+        return "<p class='note' id='anomalies'>Nothing stands out: no slow step, entropy collapse, reward or length jump, " \
+               "or step trained only on carried groups.</p>"
+    items = "".join(f"<li><b>{html.escape(a.kind)}</b>: {html.escape(a.text)}</li>" for a in found)
+    return f"<ul id='anomalies' class='anomalies'>{items}</ul>"
+
+
+# ---- sample generations -----------------------------------------------------------------------
+
+OUTCOMES = ("wrong", "truncated", "penalised", "hedged", "right")  # the order a mix is picked in
+
+
+def outcome_tags(sample: dict[str, Any]) -> tuple[str, ...]:
+    """What happened to one scored sample: right or wrong, and truncated (hit the token cap),
+    penalised (soft overlong punishment, sec. 3.4), hedged (its answer offers several values)."""
+    tags = ["right" if sample.get("correct") else "wrong"]
+    if sample.get("finish_reason") == "length":
+        tags.append("truncated")
+    if (_num(sample.get("overlong_penalty")) or 0.0) < 0:
+        tags.append("penalised")
+    answer = sample.get("extracted_answer")
+    if isinstance(answer, str) and answer and looks_hedged(answer):
+        tags.append("hedged")
+    return tuple(tags)
+
+
+def pick_samples(rows: list[dict[str, Any]], count: int = 8) -> list[dict[str, Any]]:
+    """Up to ``count`` samples with mixed outcomes from as many steps as possible: each round takes
+    one sample of each outcome in :data:`OUTCOMES` that any row has, from the step used least so far.
+    Returned in step order; ``rows`` need a ``step`` key (the step that trained on them)."""
+    tagged = [(i, outcome_tags(r)) for i, r in enumerate(rows)]
+    taken: set[int] = set()
+    per_step: Counter[Any] = Counter()
+    while len(taken) < count:
+        before = len(taken)
+        for outcome in OUTCOMES:
+            free = [i for i, tags in tagged if outcome in tags and i not in taken]
+            if free and len(taken) < count:
+                best = min(free, key=lambda i: per_step[rows[i].get("step")])
+                taken.add(best)
+                per_step[rows[best].get("step")] += 1
+        if len(taken) == before:
+            break
+    return [rows[i] for i in sorted(taken, key=lambda i: (rows[i].get("step") or 0, i))]
+
+
+def _samples_html(samples: list[dict[str, Any]]) -> str:
+    intro = ("<p class='note'>A mix of outcomes from several steps' trained batches. <code>RUN</code> is this run's "
+             "folder (the one holding <code>report/</code> and <code>summary.json</code>); each row's lineage command "
+             "traces it to its prompt, checkpoint, seed and reward version, and its step links to the batch shard "
+             "that holds it.</p>")
+    head = ("<tr><th>step</th><th>outcome</th><th>problem</th><th>gold</th><th>answer</th><th>reward</th>"
+            "<th>length</th><th class='text'>response</th><th>lineage</th></tr>")
+    rows = []
     for s in samples:
+        step = s.get("step")
         rid = text(s.get("rollout_id")) or "n/a"
-        verdict = "correct" if s.get("correct") else "incorrect"
-        lineage = [
-            ("rollout", rid), ("problem", text(s.get("problem_id"))), ("checkpoint", text(s.get("checkpoint_id"))),
-            ("policy step", text(s.get("policy_version"))), ("round", text(s.get("generation_round"))),
-            ("verdict", f"{verdict}, reward {decimal(2)(s.get('reward'))}"), ("filter", text(s.get("filter_reason"))),
-            ("length", f"{integer(s.get('response_length'))} tokens, {text(s.get('finish_reason'))}"),
-        ]
-        fields = " &middot; ".join(f"{k} <code>{html.escape(v)}</code>" for k, v in lineage if v)
-        cmd = f"dapo lineage {run_dir} --sample {rid}"
-        parts.append(
-            f"<div class='sample' id='sample-{html.escape(rid)}'><div>{fields}</div>"
-            f"<div class='note'>lineage: <code>{html.escape(cmd)}</code></div>"
-            f"<pre>{html.escape(text(s.get('response_text')))}</pre></div>"
+        response = text(s.get("response_text"))
+        step_cell = (f"<a href='../steps/step-{int(step):04d}/batch.parquet'>{int(step)}</a>"
+                     if isinstance(step, int) else "")
+        rows.append(
+            f"<tr id='sample-{html.escape(rid)}'><td>{step_cell}</td>"
+            f"<td>{html.escape(', '.join(outcome_tags(s)))}</td><td><code>{html.escape(text(s.get('problem_id')))}</code></td>"
+            f"<td>{html.escape(text(s.get('gold_answer')))}</td><td>{html.escape(text(s.get('extracted_answer')) or '(none)')}</td>"
+            f"<td>{decimal(2)(s.get('reward'))}</td>"
+            f"<td>{integer(s.get('response_length'))} ({html.escape(text(s.get('finish_reason')))})</td>"
+            f"<td class='text'><details><summary>{html.escape(response[:48])}{'&hellip;' if len(response) > 48 else ''}"
+            f"</summary><pre>{html.escape(response)}</pre></details></td>"
+            f"<td class='cmd'><code>dapo lineage RUN --sample {html.escape(rid)}</code></td></tr>"
         )
-    return "".join(parts)
+    return f"{intro}<div class='scroll'><table id='samples'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></div>"
 
 
 _STYLE = (
     "*{box-sizing:border-box}"
     "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;padding:12px 16px;max-width:1240px;color:#222}"
-    "h1{font-size:22px;margin:4px 0 10px}h2{font-size:17px;margin:18px 0 6px}"
+    "h1{font-size:22px;margin:4px 0 10px;overflow-wrap:anywhere}h2{font-size:17px;margin:18px 0 6px}"
     ".headline{display:flex;flex-wrap:wrap;gap:8px}"
     ".card{border:1px solid #d6d6d6;border-radius:6px;padding:6px 12px;flex:0 1 auto;min-width:150px}"
     ".card.wide{flex:1 1 380px}.label{font-size:12px;color:#666}.big{font-size:30px;font-weight:600}"
     ".mid{font-size:20px;font-weight:600}.note{font-size:12px;color:#555}"
+    ".links{font-size:13px;margin:8px 0;overflow-wrap:anywhere}.links div{margin:2px 0}"
+    "#wall-split{font-size:13px;margin:8px 0}.bar{display:flex;height:12px;border:1px solid #ccc;margin-top:3px}"
+    ".anomalies{font-size:13px;margin:6px 0;padding-left:20px}.anomalies li{margin:2px 0}"
     ".grid{display:flex;flex-wrap:wrap;gap:8px}.grid img{max-width:100%;height:auto;border:1px solid #eee}"
     ".scroll{overflow-x:auto;max-width:100%}"
     "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right;white-space:nowrap}"
-    "th{background:#f4f4f4}table.kv th{text-align:left}td.path{text-align:left;white-space:normal;overflow-wrap:anywhere}"
+    "th{background:#f4f4f4}th.group{background:#e8ecf3;text-align:center}table.kv th{text-align:left}"
+    "td.path{text-align:left;white-space:normal;overflow-wrap:anywhere}"
+    "td.text{text-align:left;white-space:normal;min-width:200px;max-width:380px}summary{cursor:pointer}"
+    "td.cmd{text-align:left;white-space:normal;min-width:190px;max-width:260px}"
     "code{overflow-wrap:anywhere}pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:6px;font-size:12px}"
-    ".sample{border-top:1px solid #ddd;padding:6px 0;font-size:13px}"
 )
 
 
@@ -365,14 +548,22 @@ def render_html(
     evals: list[dict[str, Any]],
     samples: list[dict[str, Any]],
     plots: list[tuple[Path, bytes]],
+    links: Sequence[Link] = (),
 ) -> str:
-    """The report page, self-contained (SVG charts as data URIs; no scripts, fonts or network)."""
+    """The report page, self-contained (SVG charts as data URIs; no scripts, fonts or network).
+
+    ``samples``: scored rows (with the ``step`` that trained on them) to pick a mix of outcomes
+    from; ``links``: files of the run folder to link, relative to the page."""
     h = headline(summary, metrics)
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<meta name='viewport' content='width=device-width'><style>{_STYLE}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         _headline_html(h),
+        _links_html(links),
+        _wall_html(wall_split(summary, evals)),
+        "<h2>What stands out</h2>",
+        _anomalies_html(find_anomalies(metrics, summary.get("step_seconds") or [])),
         "<h2>Curves</h2>",
     ]
     gaps = no_generation_steps(metrics)
@@ -388,10 +579,11 @@ def render_html(
     ) + "</div>")
     if evals:
         parts.append("<h2>Evaluations</h2>" + _table(evals, _EVAL_COLUMNS, "evals"))
-    parts.append("<h2>Steps</h2>" + _table(metrics, _STEP_COLUMNS, "steps"))
+    parts.append("<h2>Steps</h2>" + _steps_section(metrics))
     parts.append("<h2>Run</h2>" + _details_table(summary))
-    if samples:
-        parts.append("<h2>Sample responses (last trained step)</h2>" + _samples_html(samples, text(summary.get("run_dir")) or "RUN"))
+    picked = pick_samples(samples)
+    if picked:
+        parts.append("<h2>Sample generations</h2>" + _samples_html(picked))
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -404,13 +596,15 @@ def write_report(
     metrics: list[dict[str, Any]],
     evals: list[dict[str, Any]],
     samples: list[dict[str, Any]],
+    links: Sequence[Link] = (),
 ) -> tuple[Path, str]:
     """Write the SVG charts and ``index.html`` (each atomically: temp file then rename).
 
     Returns the page's path and the page (self-contained, also the Flyte report).
     """
     plots = write_plots(metrics, evals, out_dir)
-    page = render_html(title=title, summary=summary, metrics=metrics, evals=evals, samples=samples, plots=plots)
+    page = render_html(title=title, summary=summary, metrics=metrics, evals=evals, samples=samples, plots=plots,
+                       links=links)
     target = out_dir / "index.html"
     write_text(target, page)
     return target, page

@@ -68,11 +68,25 @@ def integer_ticks(low: int, high: int, most: int = 10) -> list[int]:
 
 
 def _fmt(value: float, percent: bool) -> str:
+    value += 0.0  # -0.0 reads "0", not "-0"
     if percent:
         return f"{value:g}%"
     if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
         return f"{value:.0e}"
     return f"{value:g}"
+
+
+def _axis_range(lo: float, hi: float) -> tuple[float, float]:
+    """The axis span for data from ``lo`` to ``hi``: a little room beyond the extremes (markers stay
+    inside the frame), room above a flat series, and never below 0 for data that is never below 0
+    (fractions, counts, rates: no "-0%" or negative ticks)."""
+    never_negative = lo >= 0
+    if hi <= lo:
+        hi = lo + (abs(lo) * 0.5 or 1.0)
+        lo = lo - (abs(lo) * 0.5)
+    pad = (hi - lo) * 0.05
+    lo, hi = (lo - pad if lo != 0 else lo), hi + pad
+    return (max(lo, 0.0) if never_negative else lo), hi
 
 
 class _Scale:
@@ -123,9 +137,7 @@ def chart(
     if y_range is not None:
         lo, hi = y_range
     else:
-        lo, hi = _value_range(left)
-        pad = (hi - lo) * 0.05  # markers at the extremes stay inside the frame
-        lo, hi = (lo - pad if lo != 0 else lo), hi + pad
+        lo, hi = _axis_range(*_value_range(left))
     yticks = nice_ticks(lo, hi)
     ys = _Scale(min(yticks[0], lo), max(yticks[-1], hi), y0, y1)
     esc = html.escape
@@ -160,7 +172,7 @@ def chart(
     for s in [s for s in series if s.right]:
         c = next(colour)
         legend.append((s.label, c, s.kind))
-        r_lo, r_hi = _value_range([s])
+        r_lo, r_hi = _axis_range(*_value_range([s]))
         rticks = nice_ticks(r_lo, r_hi)
         rs = _Scale(min(rticks[0], r_lo), max(rticks[-1], r_hi), y0, y1)
         for t in rticks:

@@ -29,6 +29,7 @@ class StepField:
     arrow_type: pa.DataType
     group: str  # tracker panel: the scalar is ``<group>/<name>``; "" for the key columns
     by: str  # "key", "worker" (the training workers report it) or "driver" (filled by the driver)
+    unit: str = ""  # "fraction" (0-1), "s" (seconds) or "" (a plain number); schemas/models.py: UNITS
 
     @property
     def python_type(self) -> type:
@@ -45,7 +46,8 @@ class StepField:
 def step_fields(model: type = StepMetrics) -> tuple[StepField, ...]:
     """The model's columns in order, with the metadata each field declares."""
     columns = model.to_schema().columns
-    return tuple(StepField(f.name, f.type, columns[f.name].metadata["group"], columns[f.name].metadata["by"])
+    return tuple(StepField(f.name, f.type, columns[f.name].metadata["group"], columns[f.name].metadata["by"],
+                           columns[f.name].metadata.get("unit", ""))
                  for f in arrow_schema(model))
 
 

@@ -85,3 +85,7 @@ class RunLayout:
     @property
     def report_dir(self) -> str:
         return self._at("report")
+
+    @property
+    def report_page(self) -> str:
+        return self._at("report", "index.html")  # the run page (reports/run.py)

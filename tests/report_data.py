@@ -8,6 +8,8 @@ import math
 import random
 from typing import Any
 
+from schemas.step_stats import STEP_FIELDS
+
 
 def run_data(steps: int = 20, *, seed: int = 0, run_dir: str = "/home/user/dapo/runs/tiny-cpu-20260101-120000-abcdef") -> dict[str, Any]:
     rng = random.Random(seed)
@@ -28,6 +30,8 @@ def run_data(steps: int = 20, *, seed: int = 0, run_dir: str = "/home/user/dapo/
             "max_policy_lag_steps": 1, "verdict_timeouts": 0, "verdict_errors": 0,
             "time_rollout_s": 14.2 * rounds, "time_score_s": 1.3 * rounds, "time_train_s": rng.uniform(20, 30),
         })
+    # every column the driver's rows hold (schemas.StepMetrics); what is not made up above is blank (None)
+    metrics = [{**{f.name: None for f in STEP_FIELDS}, **m} for m in metrics]
     eval_steps = [0, *range(5, steps, 5), steps]
     evals = []
     for i, step in enumerate(eval_steps):
@@ -51,11 +55,17 @@ def run_data(steps: int = 20, *, seed: int = 0, run_dir: str = "/home/user/dapo/
         "step_seconds": [round(m["time_rollout_s"] + m["time_score_s"] + m["time_train_s"], 2) for m in metrics],
         "report": f"{run_dir}/report/index.html",
     }
+    # a mix of outcomes from several steps: right, wrong, truncated and penalised, hedged
+    kinds = [("42", True, "stop", 0.0), ("41", False, "stop", 0.0), (None, False, "length", -0.5),
+             ("42", True, "stop", -0.25), ("41 or 42", False, "stop", 0.0)]
     samples = [{
-        "rollout_id": f"{rng.getrandbits(64):016x}", "problem_id": f"{rng.getrandbits(64):016x}",
-        "checkpoint_id": metrics[-2]["checkpoint_id"], "policy_version": steps - 1, "generation_round": r,
-        "response_text": "Let me compute step by step.\n" + "x" * 400 + "\nAnswer: 42",
-        "reward": 1.0 if r % 2 else -1.0, "correct": bool(r % 2), "filter_reason": "kept",
-        "response_length": 212, "finish_reason": "stop"} for r in range(4)]
+        "step": step, "rollout_id": f"{rng.getrandbits(64):016x}", "problem_id": f"{rng.getrandbits(64):016x}",
+        "checkpoint_id": metrics[step - 2]["checkpoint_id"] if step > 1 else "ckpt-0000", "policy_version": step - 1,
+        "generation_round": r, "gold_answer": 42, "extracted_answer": answer,
+        "response_text": "Let me compute step by step.\n" + "x" * 400 + (f"\nAnswer: {answer}" if answer else ""),
+        "reward": (1.0 if correct else -1.0) + penalty, "overlong_penalty": penalty, "correct": correct,
+        "filter_reason": "kept", "response_length": 512 if finish == "length" else 212, "finish_reason": finish}
+        for step in sorted({max(1, steps // 3), max(1, 2 * steps // 3), steps})
+        for r, (answer, correct, finish, penalty) in enumerate(kinds)]
     assert all(math.isfinite(m["entropy"]) for m in metrics)
     return {"summary": summary, "metrics": metrics, "evals": evals, "samples": samples}

@@ -7,6 +7,7 @@ schema-valid, with NaN read back as None.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +46,15 @@ def evaluation(step: int) -> dict[str, Any]:
             "seconds": 2.5, "avg_at_k_ci95_half": 0.125}
 
 
-def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
-    """Every history row of the ``.wandb`` transaction logs under ``run_dir``, decoded with W&B's own
-    protobuf ``Record``; ``_run_id`` added. wandb 0.31 ships no Python reader of the file (its
-    ``wandb-core`` binary reads it for ``wandb sync``), so the framing, LevelDB's log format
-    (32 KiB blocks of ``crc32 | length | type`` chunks after a 7-byte W&B header), is read here."""
-    import json
-
+def _wandb_records(run_dir: Path) -> Iterator[Any]:
+    """Every record of the ``.wandb`` transaction logs under ``run_dir``, decoded with W&B's own
+    protobuf ``Record``. wandb 0.31 ships no Python reader of the file (its ``wandb-core`` binary
+    reads it for ``wandb sync``), so the framing, LevelDB's log format (32 KiB blocks of
+    ``crc32 | length | type`` chunks after a 7-byte W&B header), is read here."""
     from wandb.proto import wandb_internal_pb2
 
-    rows = []
     for path in sorted(run_dir.rglob("*.wandb")):
-        data, pos, pending, run_id = path.read_bytes(), 7, b"", None
+        data, pos, pending = path.read_bytes(), 7, b""
         assert data[:4] == b":W&B", path
         while pos + 7 <= len(data):
             room = 32768 - pos % 32768
@@ -72,9 +70,27 @@ def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
                 continue
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "run":
-                run_id = record.run.run_id
-            elif record.WhichOneof("record_type") == "history":
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-                rows.append({**row, "_run_id": run_id})
+            yield record
+
+
+def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
+    """Every history row of the ``.wandb`` transaction logs under ``run_dir``; ``_run_id`` added."""
+    import json
+
+    rows, run_id = [], None
+    for record in _wandb_records(run_dir):
+        if record.WhichOneof("record_type") == "run":
+            run_id = record.run.run_id
+        elif record.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            rows.append({**row, "_run_id": run_id})
     return rows
+
+
+def wandb_runs(run_dir: Path) -> list[dict[str, Any]]:
+    """The run record of each session under ``run_dir``: its id, display name and config."""
+    import json
+
+    return [{"run_id": r.run.run_id, "name": r.run.display_name,
+             "config": {item.key: json.loads(item.value_json) for item in r.run.config.update}}
+            for r in _wandb_records(run_dir) if r.WhichOneof("record_type") == "run"]

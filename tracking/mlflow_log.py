@@ -10,8 +10,8 @@ MLflow 3 keeps its filesystem store in maintenance mode and refuses it unless
 ``MLFLOW_ALLOW_FILE_STORE`` is set; its replacement (SQLite) needs SQLAlchemy and alembic, which
 the skinny client lacks, so the file store is used and the switch set here. The run id is made
 once and kept in the logged-state file (tracking/state.py): a resumed run continues the same
-MLflow run. The run config is logged as parameters once, when the run is made (MLflow refuses a
-changed value, and a resume may add steps).
+MLflow run. The run config is logged once, when the run is made (MLflow refuses a changed
+parameter, and a resume may add steps): as parameters, and whole as the artifact ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 MISSING = ("tracking.mlflow is on but the mlflow client is not installed: "
            "re-run scripts/setup.sh, or pip install --no-deps mlflow-skinny==3.17.2 (see requirements-nodeps.txt)")
+CONFIG_ARTIFACT = "config.yaml"  # the resolved run config, among the run's artifacts
 
 
 class MlflowTracker:
@@ -57,8 +58,11 @@ def store_uri(folder: Path) -> str:
 
 
 def open_mlflow(folder: Path, state: dict[str, Any], *, experiment: str, run_name: str,
-                params: dict[str, str]) -> MlflowTracker:
-    """Start or continue the run's MLflow run in ``folder/mlflow``; records its id in ``state``."""
+                params: dict[str, str], config_text: str) -> MlflowTracker:
+    """Start or continue the run's MLflow run in ``folder/mlflow``; records its id in ``state``.
+
+    A new run gets ``params`` (a value cut at MLflow's 6,000 characters) and the whole config as
+    the artifact ``config.yaml`` (``config_text``), which nothing cuts."""
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     try:
         from mlflow.tracking import MlflowClient  # lazy: heavy, and only when turned on
@@ -77,5 +81,6 @@ def open_mlflow(folder: Path, state: dict[str, Any], *, experiment: str, run_nam
     items = [Param(key, value[:6000]) for key, value in sorted(params.items())]
     for start in range(0, len(items), 100):  # MLflow's limit of params per batch
         client.log_batch(run.info.run_id, params=items[start:start + 100])
+    client.log_text(run.info.run_id, config_text, CONFIG_ARTIFACT)
     state["run_id"] = run.info.run_id
     return MlflowTracker(client, run.info.run_id)

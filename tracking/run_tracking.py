@@ -9,13 +9,13 @@ its step's metrics), so the driver calls it after each step whatever was cached.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from settings.tracking import TrackingConfig
 from storage import run_store
+from tracking.config_view import config_yaml, flat_params
 from tracking.protocol import Tracker
 from tracking.scalars import eval_scalars, step_scalars
 from tracking.state import STATE_FILE, is_logged, mark_logged, read_state, write_state
@@ -59,15 +59,12 @@ class RunTracking:
             run_store.upload_folder(self.local, self.remote, marker=None, clear=False)
 
 
-def _flat_params(run_config: Mapping[str, Any]) -> dict[str, str]:
-    return {f"{section}.{field}": json.dumps(value, default=str) if not isinstance(value, str) else value
-            for section, fields in run_config.items() for field, value in fields.items()}
-
-
 def open_tracking(config: TrackingConfig, folder: str, *, run_name: str, run_config: Mapping[str, Any]) -> RunTracking:
     """Open (or continue) every tracker ``config`` turns on, in ``folder`` (``<run>/tracking``).
 
-    ``run_config`` is ``RunConfig.to_dict()``: W&B's run config and MLflow's parameters.
+    ``run_config`` is ``RunConfig.to_dict()``: TensorBoard's hparams and config text, W&B's run config,
+    MLflow's parameters and config artifact. ``run_name`` names the run in each tracker (the run
+    folder's name, ``run.name``).
     """
     remote = folder if run_store.is_remote(folder) else None
     local = run_store.local_path(folder)
@@ -80,7 +77,7 @@ def open_tracking(config: TrackingConfig, folder: str, *, run_name: str, run_con
         if name == "tensorboard":
             from tracking.tensorboard_log import open_tensorboard
 
-            trackers.append(open_tensorboard(local, record))
+            trackers.append(open_tensorboard(local, record, run_name=run_name, run_config=run_config))
         elif name == "wandb":
             from tracking.wandb_log import open_wandb
 
@@ -90,7 +87,7 @@ def open_tracking(config: TrackingConfig, folder: str, *, run_name: str, run_con
             from tracking.mlflow_log import open_mlflow
 
             trackers.append(open_mlflow(local, record, experiment=config.mlflow_experiment, run_name=run_name,
-                                        params=_flat_params(run_config)))
+                                        params=flat_params(run_config), config_text=config_yaml(run_config)))
     if trackers:
         write_state(local, state)  # the run ids, before anything is logged under them
     return RunTracking(trackers, state, local, remote)

@@ -1,6 +1,6 @@
 """The driver task: the DAPO loop as plain Python over cached Flyte tasks.
 
-See cli/run.py for how it is launched. Everything the loop decides (which
+See workflows/local_run.py for how it is launched. Everything the loop decides (which
 problems a round generates, which groups fill the batch, which are surplus) is a pure function
 of the config and of task outputs, so a re-run replays it exactly over cache hits.
 """
@@ -42,6 +42,7 @@ from readers.problem_files import split_suffix
 from storage import checkpoints, digests, outputs, run_store
 from storage.pruner import Pruned, Pruner
 from storage.run_layout import RunLayout
+from storage.run_summary import relative_to, resolve_paths
 from tasks.batch import assemble_batch
 from tasks.bootstrap import bootstrap
 from tasks.curate import curate
@@ -54,7 +55,8 @@ from workflows import progress
 from workflows.config import RunConfig
 from workflows.json_output import finite_or_none
 from workflows.problem_order import check_pool_size
-from reports.run import eval_interval, write_report
+from reports.run import eval_interval
+from workflows import run_page
 from workflows.run_binding import check_run_folder
 from workflows.seeds import derive_seed
 from workflows.step_loop import (
@@ -85,13 +87,6 @@ def _round_groups(stats: ScoreStats, scored_path: str, step: int, behaviour_step
 
 def _problem_ids(paths: list[str]) -> list[str]:
     return schemas.read_shards(run_store.fetch_all(paths), schemas.Problem).column("problem_id").to_pylist()
-
-
-def _sample_responses(batch_path: str, count: int = 4) -> list[dict[str, Any]]:
-    table = schemas.read_shard(run_store.fetch(batch_path), schemas.ScoredRollout)
-    cols = ["rollout_id", "problem_id", "checkpoint_id", "policy_version", "generation_round", "response_text", "reward",
-            "correct", "filter_reason", "response_length", "finish_reason"]
-    return table.select(cols).slice(0, count).to_pylist()
 
 
 def _held_out_intervals(layout: RunLayout, evals: list[dict[str, Any]]) -> dict[str, Any]:
@@ -315,8 +310,8 @@ async def dapo_pipeline(run_config: RunConfig, run_dir: str) -> RunOutcome:
         summary = await train_and_report(run_config, layout, prepared, started=started)
     await flyte.report.replace.aio(summary.pop("_inline_report"), do_flush=True)
     return RunOutcome(
-        summary=File.from_existing_remote(str(layout.summary)), report=File.from_existing_remote(summary["report"]),
-        final_checkpoint=Dir.from_existing_remote(summary["final_checkpoint"]), steps_done=summary["steps_done"],
+        summary=File.from_existing_remote(str(layout.summary)), report=File.from_existing_remote(layout.report_page),
+        final_checkpoint=Dir.from_existing_remote(resolve_paths(summary, layout.root)["final_checkpoint"]), steps_done=summary["steps_done"],
         accuracy_before=summary["accuracy_before"], accuracy_after=summary["accuracy_after"],
     )
 
@@ -420,7 +415,7 @@ class _PipelineStages:
     async def _train(self, plan: StepPlan) -> None:
         cfg, layout, step = self.cfg, self.layout, plan.step
         result = plan.result
-        progress.stage(f"step {step}/{cfg.run.steps} (training)", quiet=True)
+        progress.training(step, cfg.run.steps, trains=not plan.skipped)
         t = time.perf_counter()
         if plan.skipped:
             trained = _skipped_step(step, self.checkpoint)
@@ -445,10 +440,8 @@ class _PipelineStages:
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(finite_or_none(row))  # JSON-safe; plots and tables skip None
         self.step_seconds.append(time.perf_counter() - self._step_started)
-        progress.step_done(progress.StepReport(
-            step=step, steps=cfg.run.steps, rounds=result.rounds, groups=len(result.kept), outcome=result.outcome,
-            samples=row["samples"], accuracy=row["accuracy"], reward=row["reward_mean"], entropy=row["entropy"],
-            seconds=self.step_seconds[-1]))
+        progress.step_done(progress.StepReport(schemas.StepStats.from_row(row), steps=cfg.run.steps,
+                                               outcome=result.outcome, seconds=self.step_seconds[-1]))
         every = cfg.run.eval_every_steps
         evaluated = bool(every and step % every == 0 and step != cfg.run.steps)
         if evaluated:
@@ -499,9 +492,8 @@ class _PipelineStages:
         run (report/index.html, the Flyte UI) sees its curves grow; ~10 ms (benchmarks/report_refresh.py).
         Called after a step at most every :data:`REPORT_EVERY_S` seconds, and after every evaluation."""
         summary = _summary(self.cfg, self.layout, self.prepared, self, status="running")
-        with outputs.output(self.layout.report_dir, folder=True) as report_dir:
-            _, inline_page = write_report(report_dir, title=f"DAPO run {self.cfg.run.name}", summary=summary,
-                                          metrics=self.metrics_rows, evals=self.evals, samples=[])
+        inline_page = run_page.write_run_page(self.layout, title=f"DAPO run {self.cfg.run.name}", summary=summary,
+                                              metrics=self.metrics_rows, evals=self.evals, samples=[], final=False)
         if self.live_report:
             await flyte.report.replace.aio(inline_page, do_flush=True)
         self._page_drawn_at = time.perf_counter()
@@ -534,11 +526,12 @@ class _PipelineStages:
 def _summary(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], stages: "_PipelineStages", *,
              status: str) -> dict[str, Any]:
     """summary.json's content for the steps so far; a finished run adds the paired intervals
-    over problems (read from the eval shards), a running one leaves them to the page's fallback."""
+    over problems (read from the eval shards), a running one leaves them to the page's fallback.
+    Paths are relative to the run folder (storage/run_summary.py resolves them when read)."""
     evals = stages.evals
     return {
         "status": status,
-        "run_dir": str(layout.root),
+        "run_dir": ".",
         "config": cfg.source,
         "config_digest": cfg.digest(),
         "steps": cfg.run.steps,
@@ -551,8 +544,10 @@ def _summary(cfg: RunConfig, layout: RunLayout, prepared: dict[str, Any], stages
         "eval_problems": evals[0]["problems"],
         "eval_k": evals[0]["k"],
         **(_held_out_intervals(layout, evals) if status == "finished" else {}),
-        "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "avg_at_k_ci95_half", "pass_at_k", "maj_at_k")} for e in evals],
-        "final_checkpoint": stages.checkpoint,
+        "evals": [{k: e.get(k) for k in ("step", "avg_at_k", "avg_at_k_ci95_half", "pass_at_k", "maj_at_k", "seconds")}
+                  for e in evals],
+        "final_checkpoint": relative_to(stages.checkpoint, layout.root),
+        "report": relative_to(layout.report_page, layout.root),
         "problems_train": prepared["problems_train"],
         "problems_test": prepared["problems_test"],
         "wall_seconds": round(time.perf_counter() - stages.started, 2),
@@ -590,11 +585,8 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     summary = _summary(cfg, layout, prepared, stages, status="finished")
     metrics_rows, evals = stages.metrics_rows, stages.evals
     trained_plans = [p for p in plans if not p.skipped]
-    samples = _sample_responses(layout.batch_shard(trained_plans[-1].step)) if trained_plans else []
-    with outputs.output(layout.report_dir, folder=True) as report_dir:
-        page, inline_page = write_report(
-            report_dir, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows, evals=evals, samples=samples
-        )
-    summary["report"] = run_store.join(layout.report_dir, page.name)
+    samples = run_page.sample_rows(layout, run_page.sample_steps([p.step for p in trained_plans]))
+    inline_page = run_page.write_run_page(layout, title=f"DAPO run {drv.name}", summary=summary, metrics=metrics_rows,
+                                          evals=evals, samples=samples, final=True)
     _write_json(layout.summary, summary)
     return {**summary, "_inline_report": inline_page}

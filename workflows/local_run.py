@@ -25,6 +25,7 @@ from infra.flyte_local_db import use_wal
 from infra.flyte_patches import forget_config_file_lookup, sync_flyte_connections_normally
 from storage import run_store
 from storage.run_layout import RunLayout
+from storage.run_summary import resolve_paths
 from workflows import progress
 from workflows.config import RunConfig
 from workflows.local_flyte import run_local
@@ -123,7 +124,7 @@ def run_pipeline(config: RunConfig, run_root: str | Path) -> dict[str, Any]:
             run_config=config,
             run_dir=str(layout.root),
         )
-    return json.loads(run_store.read_text(outcome.summary.path))
+    return resolve_paths(json.loads(run_store.read_text(outcome.summary.path)), layout.root)  # summary.json: relative paths
 
 
 def run_layout(config: RunConfig, run_root: str | Path) -> RunLayout:

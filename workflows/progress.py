@@ -1,13 +1,15 @@
 """What a run shows while it works: the seam the driver reports to, and its two displays.
 
 The driver (workflows/driver.py) calls the module functions here: ``begin`` (a run of N steps),
-``stage`` (curation, the warm-up, a step's rollout round or training, an evaluation),
-``step_done`` (a step's metrics), ``eval_done`` and ``note`` (a line the user must see, such as
+``stage`` (curation, the warm-up, a step's rollout round, an evaluation), ``training`` (a step's
+update; the run's first names the training workers' start), ``step_done`` (a step's StepStats
+record), ``eval_done`` and ``note`` (a line the user must see, such as
 an output made again). Long loops inside engines (generation, the tiny warm-up) report through
 ``engines/runtime/work_progress.py``. The display is the CLI's choice (workflows/run_output.py):
 
 - ``LiveProgress``: one rich display redrawn in place on a terminal (stage, step i/N, the last
-  step's reward, accuracy and entropy, elapsed time and ETA, a bar for the work under way);
+  step's reward, accuracy, entropy, loss, KL, grad norm and tokens/s, elapsed time and ETA, a bar
+  for the work under way);
   finished evaluations and steps are printed above it as lines that stay (at most about
   ``MAX_STEP_LINES`` step lines, so a long run's screen keeps its start and its summary).
 - ``PlainProgress``: every line, one per stage, step and evaluation, no redraws (pipes, CI,
@@ -27,22 +29,27 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from engines.runtime import work_progress
+from schemas.step_stats import StepStats
 
 
 @dataclass(frozen=True)
 class StepReport:
-    """One finished DAPO step as the terminal shows it (from its StepMetrics row)."""
+    """One finished DAPO step as the terminal shows it: its statistics record and where it stands."""
 
-    step: int
+    stats: StepStats  # the step's StepMetrics record (schemas/step_stats.py); NaN or None: not measured
     steps: int  # steps in the run
-    rounds: int  # generation rounds the step drew
-    groups: int  # groups trained on
     outcome: str  # full | partial | skipped
-    samples: int
-    accuracy: float | None  # None or NaN: nothing measured (a metric read back from a shard as null)
-    reward: float | None
-    entropy: float | None
     seconds: float  # wall time of the step, rollout to published checkpoint
+
+    @property
+    def step(self) -> int:
+        return self.stats.step
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Response tokens in the loss per second of the step's training (``tokens / time_train_s``)."""
+        tokens, seconds = self.stats.tokens, _measured(self.stats.time_train_s)
+        return tokens / seconds if tokens and seconds else None
 
 
 class Progress(Protocol):
@@ -66,9 +73,14 @@ class Progress(Protocol):
         """A line the user must see; ``warning`` ones go to stderr."""
 
 
+def _measured(value: float | None) -> float | None:
+    """``value``, or None when it was not measured: NaN, or a NaN read back from the shard as None."""
+    return None if value is None or math.isnan(value) else value
+
+
 def fmt3(value: float | None) -> str:
     """A metric for the step line: a NaN written to the metrics shard reads back as None."""
-    return "nan" if value is None or math.isnan(value) else f"{value:.3f}"
+    return "nan" if _measured(value) is None else f"{value:.3f}"
 
 
 def format_duration(seconds: float) -> str:
@@ -81,11 +93,24 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def training_figures(report: StepReport, *, sep: str = "=", joiner: str = " ") -> str:
+    """What the step's update measured, as TRL and verl print at each logging step: loss, KL
+    (``approx_kl``, KL(old || new) on the batch, for monitoring: DAPO has no KL term), grad norm
+    (before clipping) and tokens/s.
+    Each is left out when the step did not measure it (a skipped step trained nothing)."""
+    s = report.stats
+    figures = [("loss", _measured(s.loss), "{:.3g}"), ("kl", _measured(s.approx_kl), "{:.3g}"),
+               ("grad_norm", _measured(s.grad_norm), "{:.3g}"), ("tok/s", report.tokens_per_s, "{:.0f}")]
+    return joiner.join(f"{name}{sep}{form.format(value)}" for name, value, form in figures if value is not None)
+
+
 def step_line(report: StepReport) -> str:
-    """The step's line, as ``dapo run`` has always printed it."""
-    r = report
-    return (f"[step {r.step}/{r.steps}] rounds={r.rounds} groups={r.groups} ({r.outcome}) samples={r.samples} "
-            f"acc={fmt3(r.accuracy)} reward={fmt3(r.reward)} entropy={fmt3(r.entropy)} ({r.seconds:.1f} s)")
+    """The step's line: what sampling found, what the update measured, and the step's wall time."""
+    r, s = report, report.stats
+    trained = training_figures(r)
+    return (f"[step {r.step}/{r.steps}] rounds={s.generation_rounds} groups={s.trained_groups} ({r.outcome}) "
+            f"samples={s.samples} acc={fmt3(s.accuracy)} reward={fmt3(s.reward_mean)} entropy={fmt3(s.entropy)} "
+            + (f"{trained} " if trained else "") + f"({r.seconds:.1f} s)")
 
 
 # A terminal keeps at most about this many step lines (the live display always shows the latest
@@ -247,8 +272,9 @@ class LiveProgress:
             grid.add_row(label, ProgressBar(total=total, completed=n, width=40), f"{n}/{total}")
         facts = []
         if last is not None:
-            facts.append(f"step {last.step}: reward {fmt3(last.reward)}  acc {fmt3(last.accuracy)}  "
-                         f"entropy {fmt3(last.entropy)}")
+            trained = training_figures(last, sep=" ", joiner="  ")
+            facts.append(f"step {last.step}: reward {fmt3(last.stats.reward_mean)}  acc {fmt3(last.stats.accuracy)}  "
+                         f"entropy {fmt3(last.stats.entropy)}" + (f"  {trained}" if trained else ""))
         if evaluated is not None:
             step, summary = evaluated
             facts.append(f"held-out avg@{summary['k']} {summary['avg_at_k']:.1%} (step {step})")
@@ -257,6 +283,7 @@ class LiveProgress:
 
 _current: Progress = PlainProgress()
 _where = "start-up"
+_workers_named = False  # whether this run's first training stage was shown (see training)
 
 
 @contextlib.contextmanager
@@ -276,6 +303,8 @@ def where() -> str:
 
 
 def begin(run: str, steps: int) -> None:
+    global _workers_named
+    _workers_named = False  # each run (each ablation rung) may start its own training workers
     _current.begin(run, steps)
 
 
@@ -283,6 +312,23 @@ def stage(text: str, *, quiet: bool = False) -> None:
     global _where
     _where = text
     _current.stage(text, quiet=quiet)
+
+
+def training(step: int, steps: int, *, trains: bool) -> None:
+    """Step ``step``'s training starts (``trains``: it updates the policy; a skipped step does not).
+
+    The run's first update waits for the training workers to start and build their engine (30-40 s
+    seen on a CPU machine when they were not up yet, where later updates take ~1 s; less when the
+    driver's early start, engines/train/launch.py: start_workers, had time to finish): that stage
+    is named and shown as a line, so a long first step reads as what it is. Later steps' training
+    is a quiet stage.
+    """
+    global _workers_named
+    if trains and not _workers_named:
+        _workers_named = True
+        stage(f"step {step}/{steps} (training; starting training workers, the first step only)")
+    else:
+        stage(f"step {step}/{steps} (training)", quiet=True)
 
 
 def step_done(report: StepReport) -> None:

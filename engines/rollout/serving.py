@@ -235,13 +235,18 @@ def _let_children_follow(children: dict[int, int | None], grace_s: float) -> Non
     kill_still_running(children)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as a Ctrl-C is, so both stop the server the same way."""
+
+
 def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    raise _Terminated
 
 
 def serve_until_stopped(process: subprocess.Popen[bytes]) -> int:
-    """Wait for the server; on Ctrl-C or SIGTERM stop it cleanly. Returns 0 after a stop, else
-    the server's own exit code (it died by itself).
+    """Wait for the server; on Ctrl-C or SIGTERM stop it cleanly. Returns the shell's code for the
+    signal after a stop (130 Ctrl-C, 143 SIGTERM: what every ``dapo`` command exits with), else the
+    server's own exit code (it died by itself).
 
     Waits in ``WAIT_SLICE_S`` slices: CPython runs signal handlers on the main thread only, and a
     Ctrl-C the kernel hands to another thread of this process would otherwise wait until the
@@ -254,9 +259,9 @@ def serve_until_stopped(process: subprocess.Popen[bytes]) -> int:
                 return process.wait(timeout=WAIT_SLICE_S)
             except subprocess.TimeoutExpired:
                 continue
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not break the stop
         stop_server(process)
-        return 0
+        return 128 + (signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)

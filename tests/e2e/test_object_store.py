@@ -20,6 +20,7 @@ import pytest
 import schemas
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
+from storage.run_summary import read_summary
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_pipeline import DAPO, REPO, SMALL, _env  # noqa: E402
@@ -82,7 +83,9 @@ def test_every_shard_in_the_store_validates(store: RunLayout) -> None:
 
 
 def test_checkpoints_and_records_live_in_the_store(store: RunLayout) -> None:
-    summary = json.loads(run_store.read_text(store.summary))
+    written = json.loads(run_store.read_text(store.summary))  # paths relative to the run folder
+    assert (written["run_dir"], written["final_checkpoint"], written["report"]) == (".", "checkpoints/step-0001", "report/index.html")
+    summary = read_summary(store.root)
     assert summary["run_dir"] == store.root and summary["final_checkpoint"] == store.checkpoint(1)
     assert summary["report"] == run_store.join(store.report_dir, "index.html") and run_store.exists(summary["report"])
     assert run_store.exists(store.run_record)
@@ -112,7 +115,7 @@ def test_lineage_reads_the_run_from_the_store(store: RunLayout, s3_run: dict) ->
     assert traced["trained"]["step"] == 1
     assert traced["generation"]["checkpoint_dir"] == store.checkpoint(0)
     assert traced["reward"]["scored_shard"].startswith(store.root + "/steps/step-0001/scored/")
-    chain = json.loads(_dapo(["lineage", store.root, "--checkpoint", "1"], s3_run["env"]).stdout)["ancestry"]
+    chain = json.loads(_dapo(["lineage", store.root, "--checkpoint", "1", "--json"], s3_run["env"]).stdout)["ancestry"]
     assert [c["folder"] for c in chain] == [store.checkpoint(1), store.checkpoint(0)]
 
 

@@ -25,6 +25,7 @@ import pytest
 import schemas
 from storage import checkpoints
 from storage.run_layout import RunLayout
+from storage.run_summary import read_summary
 from cli.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from workflows.run_records import action_records, flyte_runs
 
@@ -132,6 +133,10 @@ def test_terminal_shows_progress_and_summary_and_the_log_file_holds_the_rest(
     allowed = ("[run] ", "[step ", "[eval step ", "DAPO run ", "  ")
     assert all(line.startswith(allowed) or not line.strip() for line in lines), lines
     assert [line.split("]")[0] for line in lines if line.startswith("[step ")] == ["[step 1/2", "[step 2/2"]
+    # each step line holds what the update measured (issue 48); the first update names the workers' start
+    assert all(" loss=" in line and " grad_norm=" in line and " tok/s=" in line for line in lines if line.startswith("[step "))
+    assert [line for line in lines if "starting training workers" in line] == [
+        "[run] step 1/2 (training; starting training workers, the first step only) ..."]
     assert sum(line.startswith("[eval step ") for line in lines) == 2  # step 0 and the final one
     assert len(lines) <= 20, "\n".join(lines)
     assert "run folder: " in first_run.stdout and "logs/dapo.log" in first_run.stdout
@@ -347,7 +352,7 @@ def test_rerun_remakes_deleted_and_damaged_outputs(finished_run: RunLayout, run_
     proc = _dapo_run(run_root, "ref")
     for path in (final, batch, scored):
         assert str(path) in proc.stderr  # the re-run names what it makes again
-    summary = json.loads(Path(layout.summary).read_text())
+    summary = read_summary(layout.root)
     assert summary["final_checkpoint"] == str(final) and checkpoints.is_complete(final)
     assert digests.check(final) == [] and digests.check(batch) == [] and digests.check(scored) == []
     schemas.read_shard(batch, schemas.ScoredRollout)

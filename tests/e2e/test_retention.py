@@ -9,7 +9,6 @@ all cache hits, ``dapo verify`` reports the pruned checkpoints as pruned and the
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from storage import checkpoints
 from storage.run_layout import RunLayout
+from storage.run_summary import read_summary
 from cli.lineage import checkpoint_lineage
 from workflows.run_records import action_records, flyte_runs
 
@@ -65,5 +65,5 @@ def test_pruned_run_resumes_reruns_from_cache_verifies_and_traces(tmp_path: Path
     chain = checkpoint_lineage(layout, "3")["ancestry"]
     assert [c["step"] for c in chain] == [3, 2, 1, 0]
     assert chain[2]["checkpoint_id"] == checkpoints.read_info(layout.checkpoint(1)).checkpoint_id
-    summary = json.loads(Path(layout.summary).read_text())
+    summary = read_summary(layout.root)
     assert summary["final_checkpoint"] == layout.checkpoint(3)

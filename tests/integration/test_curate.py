@@ -333,8 +333,9 @@ def test_cli_and_flyte_task(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     os.environ.setdefault("DO_NOT_TRACK", "1")
     spec = "synthetic:n=40,seed=5"
     assert main(["curate", spec, "--template", "tiny", "--test-fraction", "0.25", "--out", str(tmp_path / "cli")]) == 0
-    printed = capsys.readouterr().out
-    assert "input rows: 40" in printed and "kept   train" in printed
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["input_rows"] == 40  # stdout: the report as JSON; the counts as text on stderr
+    assert "input rows: 40" in printed.err and "kept   train" in printed.err
     assert main(["curate", spec, "--template", "tiny", "--test-fraction", "0.25", "--flyte",
                  "--out", str(tmp_path / "flyte")]) == 0
     assert files_under(tmp_path / "cli") == files_under(tmp_path / "flyte")

@@ -104,7 +104,24 @@ def test_ctrl_c_caught_on_another_thread_still_stops_the_server() -> None:
     try:
         assert proc.stdout is not None
         server = int(proc.stdout.readline())
-        assert proc.wait(timeout=60) == 0  # before the fix: waited for the server forever
+        assert proc.wait(timeout=60) == 130  # stopped by Ctrl-C (before the fix: waited for the server forever)
+        assert not _alive(server)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_a_stop_by_sigterm_exits_143_and_stops_the_server() -> None:
+    serving_main = _SERVING.replace("signal.SIGINT", "signal.SIGTERM").replace(
+        "signal.pthread_kill(threading.get_ident(),", "os.kill(os.getpid(),").replace("import signal,", "import os, signal,")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", serving_main], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        server = int(proc.stdout.readline())
+        assert proc.wait(timeout=60) == 143  # the shell's code for SIGTERM, as every dapo command exits
         assert not _alive(server)
     finally:
         if proc.poll() is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from settings.tracking import TrackingConfig
-from tests.tracking_fixtures import evaluation, step_rows, wandb_history
+from tests.tracking_fixtures import evaluation, step_rows, wandb_history, wandb_runs
 from tracking.run_tracking import open_tracking
 from tracking.scalars import eval_scalars, step_scalars
 from tracking.state import read_state
@@ -44,6 +44,10 @@ def test_wandb_offline_run_holds_every_step_once_and_a_resume_continues_it(tmp_p
     run_id = read_state(folder)["wandb"]["run_id"]
     sessions = sorted((folder / "wandb" / "wandb").glob("offline-run-*"))
     assert len(sessions) == 3 and all(f"-{run_id}" in s.name for s in sessions)  # one W&B run, 3 sessions
+    # each session names the run after the run and carries the resolved config
+    runs = wandb_runs(folder / "wandb")
+    assert [(r["run_id"], r["name"]) for r in runs] == [(run_id, "r")] * 3
+    assert all(r["config"]["train"] == {"lr": 1e-4} for r in runs), runs[0]["config"]
     history = wandb_history(folder / "wandb")
     assert {h["_run_id"] for h in history} == {run_id}
     steps = [h["_step"] for h in history]
@@ -64,6 +68,9 @@ def test_mlflow_run_holds_every_step_once_and_a_resume_continues_it(tmp_path: Pa
     assert [r.info.run_id for r in runs] == [read_state(folder)["mlflow"]["run_id"]]  # one run across 3 sessions
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.params["train.lr"] == "0.0001"
+    assert run.info.run_name == "r"
+    config = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path)))
+    assert config.read_text() == "run:\n  name: r\n  steps: 5\ntrain:\n  lr: 0.0001\n"
     expected = _by_step(rows, evals)
     names = {name for scalars in expected.values() for name in scalars}
     assert set(run.data.metrics) == names

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import math
 
+from schemas.step_stats import StepStats
 from workflows.progress import (
     PlainProgress,
     StepReport,
@@ -15,11 +16,14 @@ from workflows.progress import (
 )
 
 
-def _step(step: int, seconds: float, **overrides) -> StepReport:
-    fields = dict(step=step, steps=4, rounds=2, groups=8, outcome="full", samples=32, accuracy=0.40625,
-                  reward=-0.1875, entropy=0.53125, seconds=seconds)
-    fields.update(overrides)
-    return StepReport(**fields)
+def _step(step: int, seconds: float, *, steps: int = 4, outcome: str = "full", **stats) -> StepReport:
+    """The report of a step whose StepStats record holds the values below (and ``stats``)."""
+    values = dict(generation_rounds=2, trained_groups=8, samples=32, accuracy=0.40625, reward_mean=-0.1875,
+                  entropy=0.53125, loss=-0.00125, approx_kl=0.0140625, grad_norm=0.58125, tokens=9866,
+                  time_train_s=1.7)
+    values.update(stats)
+    return StepReport(StepStats.blank(step, f"ckpt-{step}", f"ckpt-{step - 1}", **values), steps=steps,
+                      outcome=outcome, seconds=seconds)
 
 
 def test_plain_lines_hand_worked() -> None:
@@ -29,15 +33,19 @@ def test_plain_lines_hand_worked() -> None:
     display.stage("curation")
     display.work("generation", 10, 384)  # bars are for a terminal: nothing in plain text
     display.step_done(_step(1, 30.0))
-    display.step_done(_step(2, 10.0, accuracy=None, outcome="partial", groups=5))
+    display.step_done(_step(2, 10.0, accuracy=None, outcome="partial", trained_groups=5, approx_kl=None))
     display.eval_done(2, {"avg_at_k": 0.3125, "pass_at_k": 0.5, "k": 4, "problems": 16})
     display.note("[verify] evaluate: outputs not intact, making them again", warning=True)
     assert out.getvalue().splitlines() == [
         "[run] curation ...",
         # ETA: the mean step so far (30 s) times the 3 steps left
-        "[step 1/4] rounds=2 groups=8 (full) samples=32 acc=0.406 reward=-0.188 entropy=0.531 (30.0 s)  elapsed 1m40s  ETA ~1m30s",
-        # a step of carried groups alone reads its accuracy back as None: "nan", not a crash
-        "[step 2/4] rounds=2 groups=5 (partial) samples=32 acc=nan reward=-0.188 entropy=0.531 (10.0 s)  elapsed 2m10s  ETA ~40s",
+        # tok/s: 9866 tokens trained in 1.7 s of the step's training
+        "[step 1/4] rounds=2 groups=8 (full) samples=32 acc=0.406 reward=-0.188 entropy=0.531 loss=-0.00125 kl=0.0141 "
+        "grad_norm=0.581 tok/s=5804 (30.0 s)  elapsed 1m40s  ETA ~1m30s",
+        # a step of carried groups alone reads its accuracy back as None: "nan", not a crash; a KL
+        # not computed is left out
+        "[step 2/4] rounds=2 groups=5 (partial) samples=32 acc=nan reward=-0.188 entropy=0.531 loss=-0.00125 "
+        "grad_norm=0.581 tok/s=5804 (10.0 s)  elapsed 2m10s  ETA ~40s",
         "[eval step 2] held-out avg@4 31.2%  pass@4 50.0%  (16 problems)",
     ]
     assert err.getvalue() == "[verify] evaluate: outputs not intact, making them again\n"
@@ -46,8 +54,38 @@ def test_plain_lines_hand_worked() -> None:
 def test_nan_metrics_and_the_last_step_have_no_eta() -> None:
     out = io.StringIO()
     display = PlainProgress(out, io.StringIO(), clock=iter([0.0, 5.0]).__next__)
-    display.step_done(_step(4, 5.0, reward=math.nan, entropy=None))
-    assert out.getvalue() == "[step 4/4] rounds=2 groups=8 (full) samples=32 acc=0.406 reward=nan entropy=nan (5.0 s)  elapsed 5s\n"
+    display.step_done(_step(4, 5.0, reward_mean=math.nan, entropy=None))
+    assert out.getvalue() == ("[step 4/4] rounds=2 groups=8 (full) samples=32 acc=0.406 reward=nan entropy=nan "
+                              "loss=-0.00125 kl=0.0141 grad_norm=0.581 tok/s=5804 (5.0 s)  elapsed 5s\n")
+
+
+def test_a_skipped_step_trained_nothing_so_its_line_has_no_training_figures() -> None:
+    out = io.StringIO()
+    display = PlainProgress(out, io.StringIO(), clock=iter([0.0, 5.0]).__next__)
+    skipped = StepReport(StepStats.blank(3, "ckpt-2", "ckpt-2", generation_rounds=3, samples=0, accuracy=0.0,
+                                         time_train_s=0.01), steps=4, outcome="skipped", seconds=5.0)
+    display.step_done(skipped)
+    assert out.getvalue() == ("[step 3/4] rounds=3 groups=0 (skipped) samples=0 acc=0.000 reward=nan entropy=nan "
+                              "(5.0 s)  elapsed 5s  ETA ~5s\n")
+
+
+def test_the_first_training_step_names_the_worker_start_once_per_run() -> None:
+    from workflows import progress
+
+    out = io.StringIO()
+    with using(PlainProgress(out, io.StringIO())):
+        progress.begin("tiny-cpu", 3)
+        progress.training(1, 3, trains=False)  # a skipped step starts no worker
+        progress.training(2, 3, trains=True)
+        assert where() == "step 2/3 (training; starting training workers, the first step only)"
+        progress.training(3, 3, trains=True)
+        assert where() == "step 3/3 (training)"
+        progress.begin("rung-2", 1)  # the ablation ladder: the next rung may need other workers
+        progress.training(1, 1, trains=True)
+    assert out.getvalue().splitlines() == [
+        "[run] step 2/3 (training; starting training workers, the first step only) ...",
+        "[run] step 1/1 (training; starting training workers, the first step only) ...",
+    ]
 
 
 def test_durations() -> None:
@@ -85,7 +123,7 @@ def test_live_display_shows_stage_step_metrics_timing_and_the_work_bar() -> None
     # ETA: 2 steps left x 30 s, stamped at 60 s, redrawn 15 s later
     assert "elapsed 1m15s  ETA ~45s" in screen.splitlines()[0]
     assert "steps" in screen and "2/4" in screen and "generation" in screen and "96/384" in screen
-    assert "step 2: reward -0.188  acc 0.406  entropy 0.531" in screen and "held-out avg@4 31.2% (step 2)" in screen
+    assert "step 2: reward -0.188  acc 0.406  entropy 0.531  loss -0.00125  kl 0.0141  grad_norm 0.581  tok/s 5804" in screen and "held-out avg@4 31.2% (step 2)" in screen
     printed = console.file.getvalue().splitlines()
     assert printed[0].startswith("[step 2/4] rounds=2 groups=8 (full)") and printed[1].startswith("[eval step 2]")
     display.stage("step 3/4 (training)", quiet=True)  # a new stage drops the finished bar

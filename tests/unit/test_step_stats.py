@@ -104,8 +104,8 @@ def test_every_consumer_names_come_from_the_record() -> None:
     assert list(STEP_GROUPS) == statistics
     assert STEP_GROUPS["loss"] == "train" and STEP_GROUPS["accuracy"] == "rollout"
     assert STEP_GROUPS["behaviour_weight_mean"] == "off_policy" and STEP_GROUPS["time_train_s"] == "time"
-    assert run_report._unknown_step_columns(run_report._STEP_COLUMNS) == []
-    assert run_report._unknown_step_columns([("lossy", "loss", str)]) == ["lossy"]
+    # the run page's steps table: the step, then every statistic, in the record's order
+    assert [c.key for c in run_report.step_columns()] == ["step", *statistics]
 
 
 class _WithNewMetric(schemas.StepMetrics):

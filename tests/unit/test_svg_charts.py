@@ -82,3 +82,25 @@ def test_any_series_gives_well_formed_svg_inside_the_frame(n: int, data: st.Data
     assert not re.search(r"\b(nan|inf)\b", svg)
     for v in _numbers(svg):
         assert -5 <= v <= max(WIDTH_PX, HEIGHT_PX) + 5, v
+
+
+def _tick_labels(svg: str) -> list[str]:
+    import re
+
+    return re.findall(r"text-anchor='end'>([^<]*)</text>", svg)
+
+
+def test_axes_of_fractions_never_run_below_zero() -> None:
+    # clip fractions near 0 (the issue: "-0%" ticks under a truncation/clip chart)
+    svg = chart("clip", [1, 2, 3, 4], [Series("low", [0.0, 0.12, 0.05, 0.31]), Series("high", [0.0, 0.0, 0.01, 0.02])],
+                y_label="%", percent=True)
+    labels = _tick_labels(svg)
+    assert labels and not any(label.startswith("-") for label in labels), labels
+    # a series that stays at 0 (no truncation at all, a step without a value) got -0.6% .. -0% ticks
+    for values in ([0.4, 0.5, 0.45], [0.0, 0.0, 0.0], [None, 0.0, 0.0]):
+        labels = _tick_labels(chart("trunc", [1, 2, 3], [Series("t", values)], y_label="%", percent=True))
+        assert labels[0] == "0%" or values[0] == 0.4, (values, labels)
+        assert not any(label.startswith("-") for label in labels), (values, labels)
+    # the right-hand axis too (a learning rate held at 0)
+    svg = chart("opt", [1, 2, 3], [Series("g", [1.0, 2.0, 1.5]), Series("lr", [0.0, 0.0, 0.0], right=True)], y_label="g")
+    assert not re.findall(r"fill='#[0-9a-f]+'>-", svg), "a negative tick on the right-hand axis"

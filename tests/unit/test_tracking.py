@@ -71,14 +71,31 @@ def test_tensorboard_holds_every_step_and_evaluation_once_across_a_resume(tmp_pa
     third = open_tracking(config, str(folder), run_name="r", run_config={})
     assert third.record(rows, evals) == 0
     third.close()
-    seen = _tensorboard(folder / "tensorboard")
+    seen = _tensorboard(folder / "tensorboard" / "r")  # one folder, named after the run
     assert _approx(seen) == _approx(_expected(rows, evals))
     assert seen["eval/avg_at_k"] == [(0, 0.25), (3, 0.625), (5, 0.875)] and "train/lr" in seen and "time/time_train_s" in seen
-    assert len(list((folder / "tensorboard").glob("events.out.tfevents.*"))) == 3  # one folder, one file per session
-    assert read_state(folder)["tensorboard"] == {"steps": [1, 2, 3, 4, 5], "evals": [0, 3, 5]}
+    assert len(list((folder / "tensorboard" / "r").glob("events.out.tfevents.*"))) == 3  # one file per session
+    assert {k: v for k, v in read_state(folder)["tensorboard"].items() if k != "config_sha256"} == {
+        "steps": [1, 2, 3, 4, 5], "evals": [0, 3, 5]}
 
 
 def test_no_tracker_writes_nothing(tmp_path: Path) -> None:
     tracking = open_tracking(TrackingConfig(tensorboard=False), str(tmp_path / "tracking"), run_name="r", run_config={})
     assert tracking.record(step_rows(tmp_path, range(1, 2)), [evaluation(0)]) == 0
     assert not (tmp_path / "tracking").exists() or not any((tmp_path / "tracking").rglob("events*"))
+
+
+def test_a_run_logged_before_runs_were_named_moves_into_its_named_folder_on_resume(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "tracking"
+    rows = step_rows(tmp_path, range(1, 3))
+    first = open_tracking(TrackingConfig(), str(folder), run_name="r", run_config={})
+    first.record(rows[:1], [])
+    first.close()
+    for path in (folder / "tensorboard" / "r").iterdir():  # where the files lay before: the logdir itself
+        path.rename(folder / "tensorboard" / path.name)
+    (folder / "tensorboard" / "r").rmdir()
+    second = open_tracking(TrackingConfig(), str(folder), run_name="r", run_config={})
+    second.record(rows, [])
+    second.close()
+    assert sorted(p.name for p in (folder / "tensorboard").iterdir()) == ["r"]
+    assert _tensorboard(folder / "tensorboard" / "r")["train/loss"] == [(1, pytest.approx(rows[0]["loss"]))]
