@@ -1,7 +1,7 @@
 """Every change this project makes to private internals of the Flyte SDK (flyte 2.12.1 as pinned).
 
 Three patches, each a function called where it is needed (infra/environments.py and
-cli/run.py: init_flyte_for_run). Each names the private internals it relies on in
+workflows/local_run.py: init_flyte_for_run). Each names the private internals it relies on in
 ``PATCHED_INTERNALS``; tests/unit/test_flyte_patches.py checks those names and signatures against
 the installed SDK, so an SDK upgrade that moves them fails that test instead of silently undoing
 a patch. Each patch's docstring says what it changes, why, and how to remove it.
@@ -146,7 +146,7 @@ def sync_flyte_connections_normally() -> None:
     inside a transaction, so it is set as Flyte opens the connection, before anything uses it.
     Remove: when the SDK opens its local database with ``synchronous=NORMAL`` in WAL mode itself
     (or takes connection pragmas from its config), delete this function and its call in
-    cli/run.py: init_flyte_for_run; keep ``use_wal`` if the SDK does not set WAL.
+    workflows/local_run.py: init_flyte_for_run; keep ``use_wal`` if the SDK does not set WAL.
     """
     from flyte._persistence._db import LocalDB
 
@@ -181,7 +181,7 @@ def forget_config_file_lookup() -> None:
     would keep the old answer.
     Remove: when the SDK re-reads ``FLYTECTL_CONFIG`` on ``flyte.init_from_config(path)`` (or no
     longer memoises the lookup), delete this function and its call in
-    cli/run.py: init_flyte_for_run.
+    workflows/local_run.py: init_flyte_for_run.
     """
     from flyte.config import _reader
 

@@ -308,10 +308,11 @@ def begin(run: str, steps: int) -> None:
     _current.begin(run, steps)
 
 
-def stage(text: str, *, quiet: bool = False) -> None:
+def stage(text: str, *, quiet: bool = False, hint: str = "") -> None:
+    """Work on ``text`` starts; ``hint`` (shown, never part of :func:`where`) says why it may take long."""
     global _where
     _where = text
-    _current.stage(text, quiet=quiet)
+    _current.stage(f"{text[:-1]}; {hint})" if hint and text.endswith(")") else text, quiet=quiet)
 
 
 def training(step: int, steps: int, *, trains: bool) -> None:
@@ -326,7 +327,7 @@ def training(step: int, steps: int, *, trains: bool) -> None:
     global _workers_named
     if trains and not _workers_named:
         _workers_named = True
-        stage(f"step {step}/{steps} (training; starting training workers, the first step only)")
+        stage(f"step {step}/{steps} (training)", hint="starting training workers, the first step only")
     else:
         stage(f"step {step}/{steps} (training)", quiet=True)
 

@@ -1,7 +1,7 @@
 """Finding a process's descendants and killing them (Linux /proc), for whatever owns child processes.
 
 Used by the DeepSpeed worker groups (engines/train/server.py), ``dapo run``'s Ctrl-C
-(cli/run.py) and ``dapo serve`` (engines/rollout/serving.py).
+(workflows/local_run.py) and ``dapo serve`` (engines/rollout/serving.py).
 """
 
 from __future__ import annotations

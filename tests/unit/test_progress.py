@@ -77,7 +77,7 @@ def test_the_first_training_step_names_the_worker_start_once_per_run() -> None:
         progress.begin("tiny-cpu", 3)
         progress.training(1, 3, trains=False)  # a skipped step starts no worker
         progress.training(2, 3, trains=True)
-        assert where() == "step 2/3 (training; starting training workers, the first step only)"
+        assert where() == "step 2/3 (training)"  # the Ctrl-C message names the place, not the hint
         progress.training(3, 3, trains=True)
         assert where() == "step 3/3 (training)"
         progress.begin("rung-2", 1)  # the ablation ladder: the next rung may need other workers
