@@ -1,28 +1,13 @@
 """``dapo deploy``: serialise (``--dry-run``) or register every Flyte environment and task for a cluster.
 
-The dry run needs no backend: it initialises the Flyte 2 SDK against a placeholder endpoint and
-runs the SDK's own deploy path with ``dry_run=True``, which builds every task spec (interface,
-image, resources, plugin config: RayJob for rollout) exactly as a real deploy would, without
-contacting anything. On top of what Flyte accepts, it fails when
+The dry run needs no backend: it runs the SDK's own deploy path with ``dry_run=True`` against a
+placeholder endpoint and, beyond what Flyte accepts, fails when a module cannot be imported, a
+task input or output would travel as a pickle, or serialisation raises. ``--config`` validates and
+sizes the run for a cluster (infra/sizing.py), ``--sizing`` prints docs/CLUSTER.md's tables,
+``--serve`` adds the serving app. Flyte and the task modules are imported only after the target
+and plan are set in the process environment, so run this as its own process (the CLI does).
 
-- a module cannot be imported, or the pipeline's environments or tasks are missing;
-- a task input or output has no Flyte type and would travel as a pickle (Flyte only warns:
-  pickled inputs cannot be typed in the UI, break cache keys across Python versions, and are
-  what a broken task interface looks like);
-- the SDK's serialisation raises.
-
-With ``--config`` the run config is validated and sized for a cluster of GPU nodes
-(infra/sizing.py); the resolved resources are printed and go into the serialised specs
-(through ``DAPO_CLUSTER_PLAN``, read by infra/environments.py), and the config (with ``--run-root``, its
-run folder too) becomes the driver task's default inputs, so the UI's launch form opens filled in
-(``driver_default_inputs``: the SDK's own serialisation of them, printed by the dry run). ``--sizing`` prints the sizing
-tables of docs/CLUSTER.md. ``--serve s3://.../RUN`` adds the serving app (infra/serving_app.py) for a
-checkpoint in the object store, or a run's final one, named and configured as ``dapo serve`` would
-(only its metadata and config.json are read). Without ``--dry-run`` the same environments are registered with the
-backend of ``--flyte-config`` (not verified here: no cluster).
-
-Flyte and the task modules are imported only after the target and plan are set in the process
-environment, so run this as its own process (the CLI does).
+Design notes (the checks, default inputs, serving): docs/CLUSTER.md, "Deploy (cli/deploy.py)".
 """
 
 from __future__ import annotations

@@ -2,30 +2,13 @@
 
 DAPO trains only on integer answers (paper sec. 3.5, "Dataset Transformation"): the authors
 turned an answer such as ``(a+sqrt(b))/c`` into "find a+b+c". This module does that for the
-forms where it is sound, by rule and with exact arithmetic (sympy rationals and surds, never
-floats): it appends an instruction to the problem and derives the new integer answer from the
-original one. Rules (``REWRITE_RULES``):
+forms where it is sound (``REWRITE_RULES``: fractions, decimals, radicals, multiples of pi,
+complex numbers, base-b digits, tuples, lists, intervals), by rule and with exact arithmetic
+(sympy, never floats); everything else returns None, so the caller keeps the rejection reason.
+LaTeX is read by a small recursive-descent parser (no ``eval``); the same input gives
+byte-identical output. Pure functions.
 
-- ``fraction_sum``: ``\\frac{p}{q}`` (or ``p/q``, a mixed number) in lowest terms -> ``m+n``;
-- ``decimal_scaled``: a decimal with k written places -> the answer times ``10^k`` (stated).
-  Not ``m+n``: "convert 57/160 to a decimal" would become trivial, and a rounded answer
-  ("to the nearest tenth") is not the exact fraction;
-- ``radical_simple`` / ``radical_fraction`` / ``radical_sum``: ``a\\sqrt{b}``,
-  ``\\frac{a\\sqrt{b}}{c}``, ``\\frac{a+b\\sqrt{c}}{d}`` with the square-free and coprimality
-  conditions stated -> the sum of the named integers;
-- ``pi_multiple`` / ``pi_fraction`` / ``pi_linear``: ``k\\pi`` -> ``k``; ``\\frac{m\\pi}{n}`` ->
-  ``m+n``; ``a+b\\pi`` -> ``a+b``;
-- ``complex_sum``: ``a+bi`` with integer parts -> ``a+b``;
-- ``base_digits``: ``4210_5`` -> the digits read as a base-10 numeral (4210). Not the base-10
-  value: for "express 555_{10} in base 5" that value is given in the problem;
-- ``tuple_sum``: an ordered pair/triple/... of integers (the problem says so) -> the sum;
-- ``list_sum``: "all the roots / solutions, separated by commas", distinct integers -> the sum;
-- ``interval_sum``: one bounded interval with integer endpoints -> the sum of the endpoints.
-
-Everything else (text, choices, matrices, ``\\pm``, variables, powers, unbounded or union
-intervals, tuples of non-integers) returns None, so the caller keeps the rejection reason.
-LaTeX is read by a small recursive-descent parser (no ``eval``); the instruction text depends
-only on the rule and the answer, so the same input gives byte-identical output. Pure functions.
+Design notes (each rule and why): docs/ALGORITHM.md, "Answer rewrites (dapo_core/answer_rewrite.py)".
 """
 
 from __future__ import annotations

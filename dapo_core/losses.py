@@ -1,35 +1,15 @@
 """The DAPO clipped policy-gradient loss (paper sec. 3.1 clip-higher, sec. 3.3 token-level loss).
 
-Per token t of response i, with ratio r = pi_theta / pi_old = exp(log_probs - old_log_probs) and
-advantage A (eq. 8):
+Per token, with ratio r = exp(log_probs - old_log_probs) and advantage A (eq. 8):
 
     l = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)            (eq. 8 / eq. 10)
 
-Clip-higher (sec. 3.1) decouples the two clip bounds: eps_high = 0.28 > eps_low = 0.2 lets
-low-probability "exploration" tokens with A > 0 grow further before the gradient is cut, which
-keeps entropy from collapsing. Optional dual-clip (Ye et al. 2020, as verl implements it) caps the
-loss of a token with A < 0 at -c * A when its ratio explodes (r > c > 1), so one stale token cannot
-dominate a step.
-
-Aggregation (``agg``) turns the ``[B, L]`` token losses into one scalar:
-
-* ``"token-mean"`` - DAPO eq. 12: sum over every valid token / number of valid tokens, so long
-  responses weigh in proportion to their length (sec. 3.3). Pass ``total_tokens`` (the valid
-  token count of the whole mini-batch) when the mini-batch is split into micro-batches: the
-  summed micro-batch gradients then equal the full mini-batch gradient exactly. Dividing each
-  micro-batch by its own count (a bug verl and TRL both shipped) re-weights tokens by which
-  micro-batch they landed in.
-* ``"seq-mean-token-mean"`` - GRPO: mean over each response's tokens, then mean over responses
-  that have at least one valid token (``total_sequences`` overrides that count).
-* ``"seq-mean-token-sum-norm"`` - Dr.GRPO (arXiv 2503.20783): each response's token *sum* divided
-  by the constant ``max_response_tokens`` (default: ``L``, the padded width), then mean over all B
-  rows (``total_sequences`` overrides B). Pass ``max_response_tokens`` explicitly when
-  micro-batches are padded to different widths.
-
-DAPO drops the KL penalty (sec. 2.3); ``kl_beta > 0`` with ``ref_log_probs`` adds GRPO's k3
-estimate of KL(pi_theta || pi_ref) per token, for the naive-GRPO baseline.
-
-``policy_loss_reference`` is a slow per-token loop of the same maths; tests check they agree.
+with an optional dual-clip for A < 0. ``agg`` turns the ``[B, L]`` token losses into one scalar:
+``"token-mean"`` (DAPO eq. 12; pass ``total_tokens`` when a mini-batch is split into micro-batches),
+``"seq-mean-token-mean"`` (GRPO) or ``"seq-mean-token-sum-norm"`` (Dr.GRPO). ``kl_beta > 0`` adds
+GRPO's k3 KL estimate (DAPO drops it, sec. 2.3). ``policy_loss_reference`` is a slow per-token
+loop of the same maths; tests check they agree.
+Design notes (clip-higher, each aggregation, the micro-batch pitfall): docs/ALGORITHM.md, "Losses (dapo_core/losses.py)".
 """
 
 from __future__ import annotations

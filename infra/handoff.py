@@ -1,47 +1,13 @@
 """The checkpoint hand-off between steps at cluster scale, on paper: bytes, seconds, share of a step.
 
-Every training step publishes a checkpoint (storage/checkpoints.py): the HF export (bf16 weights
-under ``train.precision: bf16``) written by rank 0's node, plus ``ds_state/``, the DeepSpeed
-optimizer state (fp32 master weights + Adam m, v: 12 bytes per parameter; ZeRO 1-3 all partition
-it, so each rank writes 1/ranks of it). The next rollout and the next train step read it back.
-What else a step pays beyond generation and gradients depends on what stays warm between tasks,
-so :func:`step_handoff` prices each path as it is built (issue 50), the engine and train-group
-starts included where that path pays them:
+Every training step publishes a checkpoint (the HF export and the DeepSpeed optimizer state) that
+the next rollout and train step read back; what else a step pays depends on what stays warm
+between tasks, so :func:`step_handoff` prices each path as it is built (issue 50): a) in-process
+warm, b) persistent engine actors, c) open-source Flyte without a persistent cluster, d) designed
+only, and pipelined on b. Nothing here is measured: :class:`Bandwidth`, :class:`Throughput` and
+:class:`EngineStart` are the assumptions the figures stand on, printed beside them.
 
-- **a) in-process warm, one machine** (``dapo run`` locally): the vLLM engine lives in the driver
-  and the DeepSpeed group is kept between steps (engines/train/server.py), so nothing starts
-  again; the group still writes the whole checkpoint (export + ds_state) to local disk, fsynced,
-  before the step returns (engines/train/publish.py), and the engines reload the weights from it.
-  At paper scale no host holds the plan's GPUs: the figure is the floor of a warm path that still
-  publishes every checkpoint whole, at an assumed local disk bandwidth.
-- **b) persistent engine actors** (a long-lived Ray cluster given to the tasks): the engines stay
-  loaded between tasks; once a step the engine nodes fetch the new weights and the engines reload
-  them; each task body runs in a fresh pod and fetches the policy (``storage.checkpoints.fetch_policy``,
-  weights included) on every call; training runs in fresh pods every step (a PyTorch Elastic job),
-  which start the DeepSpeed group and fetch their ranks' share of the parent's optimizer state,
-  not its weights (the state restores them); the train task uploads the checkpoint whole.
-- **c) open-source Flyte without a persistent cluster**: its backend does not run the reuse
-  policy (docs/CLUSTER.md, "What stays warm where"), so every rollout and evaluate call is a
-  fresh RayJob: its pods start, its nodes fetch the weights into empty mirrors, every engine
-  starts and loads them. Training as in b.
-- **d) designed, modelled only**: b's warm engines, and train ranks that outlive a step too: the
-  optimizer state stays in their memory and goes to the store every ``optimizer_upload_every_steps``
-  steps in the background, overlapping the next rollout (the train GPUs are idle then); each train
-  node uploads its share of the bf16 export; the engine nodes fetch the weights only. A cold start
-  (after a failure) reads the optimizer state once, not every step.
-- **pipelined on b** (``run.pipelined: true``, workflows/step_loop.py): b's transfers, but step
-  N+1's rollout (from the policy after step N-1) runs while step N trains, so a step lasts as
-  long as the longer of two lanes, the rollout lane (fetch and reload the weights, generate) and
-  the train lane (start, fetch the parent's state, train, upload), instead of their sum. Only what
-  a lane adds beyond ``max(generation, training)`` waits. Not the default: on the tiny task it
-  learns less per step (benchmarks/RESULTS.md, "Pipelined against synchronous steps"), its samples
-  being one step stale.
-
-Nothing here is measured (no GPU, no cluster): :class:`Bandwidth`, :class:`Throughput` and
-:class:`EngineStart` are the assumptions the figures stand on, printed beside them, with their
-sources where there are any; replace them with a real cluster's numbers. A transfer takes
-``max(busiest node's bytes / per-node bandwidth, all bytes / aggregate)``. Rollout and evaluate
-share the engines (they share the rollout GPUs), so a persistent engine reloads each checkpoint once.
+Design notes (each path, the transfer formula): docs/CLUSTER.md, "Hand-off pricing (infra/handoff.py)".
 """
 
 from __future__ import annotations

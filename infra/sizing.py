@@ -3,54 +3,12 @@
 Pure functions over integers and floats (stdlib only): no flyte, torch or config objects. The
 deploy command (cli/deploy.py) unpacks a RunConfig into these scalars, and the table in
 docs/CLUSTER.md is printed by ``dapo deploy --sizing`` from the same functions, never typed by
-hand.
+hand. ``plan_shared_gpu`` sizes a local run that shares one GPU between the vLLM engine and a
+training rank. A plan that cannot fit raises PlanDoesNotFit: one line naming the biggest term and
+the setting that fixes it.
 
-Memory model, per GPU (bytes; "GB" below is 10**9 bytes):
-
-- Rollout (vLLM): bf16 weights split over the tensor-parallel group; what is left of
-  ``gpu_memory_utilization`` x GPU memory after weights and a fixed per-GPU workspace is KV cache.
-  KV cache per token = 2 (K and V) x layers x KV heads x head dim x 2 bytes (bf16): grouped-query
-  attention (8 KV heads for 40 query heads) is what keeps 20480-token responses affordable.
-- Training (DeepSpeed, infra/deepspeed.py): per parameter 2 bytes bf16 weights, 4 bytes gradients
-  (our config accumulates gradients in fp32: ``data_types.grad_accum_dtype``), 12 bytes optimizer
-  state (fp32 master copy + Adam first and second moments). ZeRO-1 partitions the 12, ZeRO-2 also
-  the gradients, ZeRO-3 everything, over the data-parallel GPUs.
-- Activations, roughly, for one micro-batch of ``tokens`` tokens with activation checkpointing:
-  every layer's input kept (layers x tokens x hidden x 2 bytes), one layer recomputed at a time
-  (about tokens x (4 hidden + 3 intermediate) x 2 bytes), and the logits: tokens x vocab x 10
-  bytes (bf16 logits, their fp32 log-softmax and its fp32 gradient). At 20480 tokens the logits
-  dominate; with ``train.logprob_chunk_tokens`` = C (dapo_core/logprobs.py: the head runs C
-  positions at a time and recomputes them in backward) only C positions' logits exist at once.
-- ``train.precision: fp32`` (the CPU default) doubles the weights (4 bytes) and activations (4 bytes an
-  element, logits 12: fp32 logits, log-softmax and gradient); gradients and optimizer state are fp32 either way.
-- The optimizer step's transients (``optimizer_step_bytes``; DeepSpeed 0.19's
-  runtime/zero/stage_1_and_2.py and stage3.py, torch's AdamW): at ``optimizer.step`` the rank holds a
-  flat fp32 copy of its gradient partition (4 bytes a parameter of the partition; ZeRO-3 steps one
-  sub-group of at most ``sub_group_size`` = 1e9 elements at a time) and AdamW's scratch over it: on
-  CUDA the foreach path's sqrt(v) (4 bytes), on a CPU the single-tensor path's sqrt(v) and its
-  quotient at once (8). ZeRO-1 frees the module's gradients (the gradients term) before the update.
-  The activations are released before the step (PyTorch's allocator returns cached blocks to the
-  driver before it reports out of memory), so the training phase peaks at states + the larger of the
-  two; the term counts what the step needs beyond the activations.
-
-Host memory of a GPU pod (what its Kubernetes request asks for; GiB, rounded up), per GPU process
-a runtime allowance (CUDA context, torch/vLLM imports, NCCL and pinned buffers) plus:
-
-- a training rank: the larger of its fp32 parameter load (engines/train/engine.load_policy: the
-  whole model under ZeRO-1/2, 1/world under ZeRO-3's zero.Init) and its training-state shard
-  (staged through host memory when a checkpoint is saved or resumed); the pod also holds one bf16
-  copy of the weights for the HF export (engines/train/checkpoint.py);
-- a vLLM engine's GPU: its weight shard, read through host memory at load.
-
-A local run shares one GPU between the vLLM engine and a training rank (``plan_shared_gpu``, printed
-by ``dapo run --plan`` and checked before a local CUDA run): during rollout the engine awake
-(``gpu_memory_utilization`` x the card) beside the warm ranks' states; while training the states and
-activations beside the engine asleep (vLLM sleep level 1: a CUDA-context allowance) or, without sleep,
-awake. Each phase is a list of the terms above (``training_terms``) plus the engine's.
-
-CPUs: a fixed number per GPU. A plan that cannot fit (training per GPU above the usable memory at
-the GPU count given, or an engine that cannot hold its weights and one group's KV cache) raises
-PlanDoesNotFit: one line naming the biggest term and the setting that fixes it.
+Design notes (the memory model per GPU, host memory per pod): docs/CLUSTER.md,
+"Sizing arithmetic (infra/sizing.py)".
 """
 
 from __future__ import annotations

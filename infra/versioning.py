@@ -1,35 +1,14 @@
 """Cache versions derived from the code a stage really runs: its import closure, read from source.
 
 Flyte's automatic cache version hashes only the task function's own source, so editing a helper
-it calls would silently reuse stale outputs; a hand-written list of modules per stage goes stale
-the same way. Instead each stage's version hashes every project file it can execute: starting
-from the task's own module, the transitive closure of its imports within the project packages
-(``PROJECT_PACKAGES``), found statically with ``ast`` and following
+it calls would silently reuse stale outputs. Each stage's version instead hashes ``GLOBAL_SALT``,
+the stage name, and the path and bytes of every project file in the transitive closure of its
+imports (found statically with ``ast``, lazy imports and ``-m``/``-c`` worker starts included),
+plus the lock's pins of the libraries ``STAGE_LIBRARIES`` names for the stage. Not covered: other
+third-party code, and modules named only at run time by a config value.
 
-- ``import a.b`` (and the ``__init__`` of every package on the way: Python runs them first),
-- ``from a import b`` where ``b`` may be a submodule, and relative ``from . import b``,
-- imports inside functions (the tasks import heavy stacks lazily) - but not those under
-  ``if TYPE_CHECKING:``, which never run,
-- code started by name rather than imported: ``["-m", "pkg.mod"]`` and ``["-c", "import ..."]``
-  in an argument list (worker processes), and ``importlib.import_module("pkg.mod")`` literals.
-
-The version is a hash of ``GLOBAL_SALT``, the stage name, and the path (relative to the project
-root) and bytes of every file in the closure, so it does not depend on where the checkout lives
-and any edit to that code invalidates exactly the stages that can run it. The task's inputs
-(paths, config dataclasses, seeds) are part of Flyte's cache key on top of this version.
-
-Third-party code counts by its pinned version: the lock (``LOCK_FILES``: requirements.txt and
-constraints.txt, what scripts/setup.sh installs locally and infra/environments.py installs in the
-cluster images) pins every library, and ``STAGE_LIBRARIES`` names, once, the libraries whose
-version decides each stage's results; their pins are hashed into the stage's version, so an
-upgrade re-runs exactly the stages it can change. The pins are read from the lock, not from the
-installed packages: the version is computed where a task is registered (a laptop, for a cluster
-run), and the lock is what both sides install. The lock is the CPU stack; the images install the
-same pins with CUDA builds, the one difference declared in ``CUDA_BUILDS`` and ``CPU_TORCH_INDEX``.
-
-Not covered: other third-party and standard-library code, and modules named only at run time by a
-config value (e.g. the curate stage's ``answer_rewrites`` hooks: their names are in the cache key,
-their code is not).
+Design notes (what the closure follows, the lock, CUDA builds): docs/ARCHITECTURE.md,
+"Cache versions (infra/versioning.py)".
 """
 
 from __future__ import annotations

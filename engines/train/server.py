@@ -1,30 +1,15 @@
 """A warm DeepSpeed worker group that serves training steps across pipeline steps.
 
-A cold training step (``TrainConfig.keep_workers_warm=False``) launches ``torchrun ... -m
-engines.train.worker SPEC`` and pays process start, imports and engine construction (~8 s of an
-~11 s tiny step) every time. The pipeline driver calls the train task once per step from one
-long-lived process, so by default the first step starts the workers in *serve* mode and later
-steps of the same process send them requests through a file mailbox (``engines/train/worker.py``
-documents the worker side):
+A cold training step launches ``torchrun ... -m engines.train.worker SPEC`` and pays process start,
+imports and engine construction (~8 s of an ~11 s tiny step). By default
+(``TrainConfig.keep_workers_warm``) the first step of a process starts the workers in serve mode
+and later steps send them requests through a file mailbox. The group continues from memory only
+when the parent is the checkpoint it last published; otherwise it rebuilds from disk as a cold
+launch does, and every step still publishes its full checkpoint. A group that is dead or silent
+past ``ACK_TIMEOUT_S`` raises ``GroupUnavailable`` and the caller runs that step cold, with a warning.
 
-    owner (this module)                        every rank (engines/train/worker.py: _serve)
-    request-N.json   (tmp + rename)  ------>   picks it up, writes ack-N.rankR
-                                               continue in memory, or rebuild from the parent folder
-    result-N.json    <------ (tmp + rename)    rank 0: one metrics dict per step
-    error-N.txt.rankR <-----                   a failing rank, which then exits the group
-
-Exactness: the owner asks the group to continue from memory ONLY when the parent checkpoint's id
-is the one this group last produced and that was published, and the cold path would resume its
-optimizer state; the workers re-check the parent's ds_state record. Otherwise the engine is
-rebuilt from disk exactly as a cold launch builds it. Every step still publishes its full
-checkpoint (HF export + ds_state) before returning (engines/train/publish.py).
-
-Lifecycle: one group per owner process, keyed by everything baked into the engine (the whole
-TrainConfig except its timeout and this switch, plus the worker environment); another key stops
-the group and starts a new one. The workers exit within ~1 s when the owner process is gone
-(they watch its pid and start time), an ``atexit`` hook stops them cleanly, and a group that is
-dead or does not acknowledge a request within ``ACK_TIMEOUT_S`` raises ``GroupUnavailable`` so
-the caller runs that step cold, with a warning.
+Design notes (the mailbox, exactness, lifecycle): docs/WARM_ENGINES.md,
+"Warm training group (engines/train/server.py)".
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
 """One DAPO training step on this rank's DeepSpeed engine: old log-probs, then one update per mini-batch.
 
-``StepRunner`` holds the engine (engines/train/engine.py) across the steps of one launch, or of a
-warm group's requests (engines/train/worker.py), and runs ``run_step`` once per rollout step:
+``StepRunner`` holds the engine across the steps of one launch or warm group and runs
+``run_step`` once per rollout step: 1. batch: kept rows, policy lags, this rank's micro-batch
+plan; 2. old log-probs of the parent, the proximal policy eq. 10 clips around, with the behaviour
+weight of dapo_core/correction.py per ``behaviour_correction``; 3. updates: ``updates_per_step``
+seeded mini-batches (sec. 4.1), the token-level loss over the whole mini-batch across ranks
+(eq. 12, sec. 3.3; ``backward_scale``); 4. metrics reduced over ranks. Saving is
+engines/train/checkpoint.py's. Any failure raises ``TrainStepFailure`` with the step named.
 
-1. **batch** - the step's kept rows, each sample's policy lag, the behaviour-correction choice
-   and this rank's micro-batch plan (engines/train/plan.py).
-2. **old log-probs** - recompute the parent's log-probs of every response token with the training
-   engine before the first update (as verl does): this is the "pi_old" eq. 10 clips around, so its
-   ratio is exactly 1 at the first update. It is NOT the policy that generated the samples: the
-   rollout engine's numbers differ (kernels, precision), and a sample from an older checkpoint
-   (carried dynamic-sampling surplus, a pipelined rollout: ``policy_version`` < the parent's step)
-   came from another policy altogether. So, as in AReaL's decoupled PPO objective
-   (dapo_core/correction.py), the parent is the proximal policy of the clip, and each token's loss
-   is multiplied by the detached behaviour weight ``min(exp(old_lp - rollout_lp), cap)``:
-   ``behaviour_correction`` "auto" (default) on the samples with policy lag > 0 only (an on-policy
-   batch trains exactly as without correction), "always" on every sample (TIS), "off" never. The
-   policy lags, the rollout/trainer log-prob mismatch and the weights are reported per step.
-3. **updates** - shuffle the samples (seeded) into ``updates_per_step`` mini-batches (the paper:
-   16 updates per rollout step, sec. 4.1), each split over ranks and into micro-batches; one
-   optimizer update per mini-batch, in each of ``epochs_per_step`` passes over them (verl's
-   ppo_epochs; the paper makes one). The token-level loss (eq. 10 with the eq. 12 normaliser,
-   sec. 3.3) divides by the token count of the whole mini-batch across all ranks; see
-   ``backward_scale`` for how DeepSpeed's own averaging is undone, so the update does not depend
-   on the micro-batch size or the process count.
-4. **metrics** - the step's sums reduced over all ranks into one metrics dict.
-
-Saving and exporting the result is engines/train/checkpoint.py's (``StepRunner.save``). Any
-failure (non-finite loss or gradient, bad rows) raises ``TrainStepFailure`` with the step named.
+Design notes (each phase in full): docs/ALGORITHM.md, "Training step (engines/train/step.py)".
 """
 
 from __future__ import annotations

@@ -1,45 +1,15 @@
 """The process entry point of a DeepSpeed training launch: ``python -m engines.train.worker SPEC.json``.
 
-``engines/train/launch.py`` writes a JSON spec (``WorkerSpec``, engines/train/spec.py) and launches
-``torchrun --standalone --nproc_per_node N -m engines.train.worker SPEC``; each step is its own
-process group, so nothing (a hung collective, a leaked CUDA context) survives into the next step.
-Per process:
+``engines/train/launch.py`` writes a ``WorkerSpec`` (engines/train/spec.py) and launches this under
+``torchrun``, one process group per step. Per process: load the parent checkpoint into a DeepSpeed
+engine, run each step of the spec (engines/train/step.py), save and export into the staging folder.
+Any failure raises with the step named; each failing rank writes it to ``error_path``.rankR. A
+finished rank ends with ``os._exit`` (``exit_without_teardown``): teardown sometimes aborted. In
+serve mode (``serve_dir`` set; engines/train/server.py) the ranks stay alive and take further steps
+from a file mailbox, continuing in memory only when the parent is the checkpoint they published.
 
-1. **load** - join the process group (gloo on CPU, NCCL on GPU; engines/train/dist.py), load the
-   parent HF checkpoint, wrap it in a DeepSpeed engine (engines/train/engine.py) and, if the
-   parent has one, restore its DeepSpeed state (engines/train/checkpoint.py).
-2. **steps** - each step of the spec: old log-probs, then one optimizer update per mini-batch
-   (engines/train/step.py: ``StepRunner.run_step``, which documents the math).
-3. **save/export** - the DeepSpeed checkpoint and the consolidated HF checkpoint into the staging
-   folder (engines/train/checkpoint.py); ``engines/train/launch.py`` publishes it. Rank 0 writes
-   the step's metrics as JSON.
-
-Any failure (non-finite loss or gradient, bad rows) raises with the step named; each failing rank
-writes the message to ``error_path``.rankR for the parent to report.
-
-A rank whose work is done ends with ``os._exit`` (``exit_without_teardown``), skipping the
-interpreter's teardown: there the C++ objects of torch, gloo and DeepSpeed are destroyed, which
-aborted about one bf16 ZeRO-3 rank in 25 on the CPU ("terminate called without an active
-exception") after the step's outputs were whole, and torchrun then failed the step.
-
-**Serve mode** (``serve_dir`` set in the spec; ``engines/train/server.py`` launches it when
-``TrainConfig.keep_workers_warm``): the processes stay alive after a step and take further
-requests from a file mailbox, so the ~4 s of process start/imports and the engine construction
-are paid once per run instead of once per step. Each rank waits in ``serve_dir`` for
-``request-NNNNNN.json`` (written atomically by the owner), acknowledges it, runs it exactly like
-a cold launch, and rank 0 writes ``result-NNNNNN.json`` atomically. The writer of a file pokes
-the waiter's FIFO, so a wait ends when the file lands rather than at the next look
-(engines/train/mailbox_wake.py; the timed look stays as the fallback). Every rank polls the file
-itself instead of waiting in a broadcast from rank 0: the pause between steps (rollout, scoring)
-can be longer than any collective timeout, and torchrun's ``--standalone`` group is one machine.
-A request continues from the in-memory engine only when the owner says its parent is the
-checkpoint this group last published AND the parent's ``ds_state`` records the same step and
-update count as memory; otherwise the engine is rebuilt from the parent folder on disk, as a cold
-launch does, so results never depend on which path ran. Any failure writes the error and exits
-the group (its collectives may be out of step); the owner reports it and starts a new group
-next time. A watchdog thread exits the process when the owner process is gone (even SIGKILL),
-and PR_SET_PDEATHSIG ties each rank to its torchrun agent. The mailbox's file names
-(``request_path``, ``ack_path``, ...) and ``process_start_ticks`` are shared with the owner side.
+Design notes (phases, mailbox, exactness, watchdogs): docs/WARM_ENGINES.md,
+"Training worker processes (engines/train/worker.py)".
 """
 
 from __future__ import annotations
