@@ -37,7 +37,9 @@ def _runs(logdir: Path) -> dict[str, Any]:
 
 
 def _texts(acc: Any, tag: str) -> list[tuple[int, str]]:
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+    """A tag's text entries by step, as TensorBoard shows them (a resumed run's second event file may load
+    first: files written in the same second sort by their writer's suffix)."""
+    return sorted((e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag))
 
 
 def test_the_tensorboard_run_is_named_after_the_run(tmp_path: Path) -> None:
