@@ -28,6 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dapo_core.intervals import mean_interval, two_sample_change  # noqa: E402
+from storage.run_layout import rung_folder  # noqa: E402
 from storage.run_store import write_text  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def _per_step_mean(runs: list[dict[str, Any]], key: str) -> list[float | None]:
 def rung_run_page(slug: str, seed: int) -> str:
     """A rung's run page relative to the ladder folder: each rung and seed runs in ``<slug>/seed-<n>/``
     (workflows/ablation.py lays the ladder out so) with its page in ``report/``."""
-    return f"{slug}/seed-{seed}/report/index.html"
+    return f"{rung_folder(slug, seed)}/report/index.html"
 
 
 def rung_row(result: dict[str, Any]) -> dict[str, Any]:

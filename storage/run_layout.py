@@ -89,3 +89,8 @@ class RunLayout:
     @property
     def report_page(self) -> str:
         return self._at("report", "index.html")  # the run page (reports/run.py)
+
+
+def rung_folder(slug: str, seed: int) -> str:
+    """One seed's run folder of a ladder rung, relative to the ladder folder (dapo ablate)."""
+    return f"{slug}/seed-{seed}"

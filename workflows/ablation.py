@@ -32,7 +32,7 @@ from typing import Any
 
 from infra.environments import cpu_env
 from storage import run_store
-from storage.run_layout import RunLayout
+from storage.run_layout import RunLayout, rung_folder
 from workflows import progress
 from workflows.config import ConfigError, RunConfig, config_from_dict
 from workflows.local_run import run_driver_locally
@@ -199,7 +199,7 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
             runs = []
             for seed in seeds:
                 cfg = rung_config(base, settings, seed=seed, name=f"{base.run.name}-{rung.slug}-seed{seed}")
-                layout = RunLayout(root / rung.slug / f"seed-{seed}")
+                layout = RunLayout(root / rung_folder(rung.slug, seed))
                 start_run_folder(cfg, layout)
                 link_shared(shared, layout)
                 t0 = time.perf_counter()
@@ -266,7 +266,7 @@ def check_ladder_records(config: RunConfig, ladder_dir: Path, *, seeds: list[int
     for index in rungs:
         settings = rung_settings(all_rungs, index)
         for seed in seeds:
-            layout = RunLayout(ladder_dir / all_rungs[index].slug / f"seed-{seed}")
+            layout = RunLayout(ladder_dir / rung_folder(all_rungs[index].slug, seed))
             cfg = rung_config(config, settings, seed=seed, name=f"{config.run.name}-{all_rungs[index].slug}-seed{seed}")
             check_run_folder(layout, cfg.to_dict())
 
@@ -281,7 +281,7 @@ def collect_results(config: RunConfig, ladder_dir: Path, *, seeds: list[int], ru
         rung = all_rungs[index]
         runs = []
         for seed in seeds:
-            layout = RunLayout(ladder_dir / rung.slug / f"seed-{seed}")
+            layout = RunLayout(ladder_dir / rung_folder(rung.slug, seed))
             if not Path(layout.summary).is_file():
                 raise FileNotFoundError(f"{layout.root}: no summary.json (run `dapo ablate` for rung {index}, seed {seed})")
             summary = json.loads(Path(layout.summary).read_text())
