@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.ray_nodes import two_gpu_nodes
+
 import schemas
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
@@ -60,21 +62,9 @@ def _plain_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    ray = pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the nodes' workers inherit it
-        two_nodes = Cluster(initialize_head=True,
-                            head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-        try:
-            two_nodes.add_node(num_cpus=1, num_gpus=1)
-            two_nodes.wait_for_nodes()
-            ray.init(address=two_nodes.address, include_dashboard=False)
-            yield two_nodes
-        finally:
-            ray.shutdown()
-            two_nodes.shutdown()
+    pytest.importorskip("ray")
+    with two_gpu_nodes() as nodes:
+        yield nodes
 
 
 def test_a_run_on_long_lived_engine_actors_gives_the_plain_runs_checkpoints_and_leaves_none(

@@ -26,6 +26,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest
 
+from tests.ray_nodes import two_gpu_nodes
+
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
@@ -49,18 +51,8 @@ ENGINES = ["rollout-engine-0-tp1", "rollout-engine-1-tp1"]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # inherited by every worker of the nodes
-    two_nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-    try:
-        two_nodes.add_node(num_cpus=1, num_gpus=1)
-        two_nodes.wait_for_nodes()
-        ray.init(address=two_nodes.address, include_dashboard=False)
-        yield two_nodes
-    finally:
-        ray.shutdown()
-        two_nodes.shutdown()
+    with two_gpu_nodes() as nodes:
+        yield nodes
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest
 
+from tests.ray_nodes import two_gpu_nodes
+
 pytest.importorskip("vllm")
 ray = pytest.importorskip("ray")
 
@@ -61,20 +63,11 @@ def _drop_ray_engines() -> None:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    from ray.cluster_utils import Cluster
-
-    # The engines' thread count and in-process engine core, inherited by every worker of the nodes.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    two_nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-    try:
-        two_nodes.add_node(num_cpus=1, num_gpus=1)
-        two_nodes.wait_for_nodes()
-        ray.init(address=two_nodes.address, include_dashboard=False)
-        yield two_nodes
-    finally:
-        _drop_ray_engines()
-        ray.shutdown()
-        two_nodes.shutdown()
+    with two_gpu_nodes() as nodes:
+        try:
+            yield nodes
+        finally:
+            _drop_ray_engines()
 
 
 @pytest.fixture
