@@ -236,12 +236,12 @@ def check_ready(args: argparse.Namespace) -> RunConfig:
     if args.steps < 1:
         print(f"peer_trl: --steps {args.steps}: must be >= 1", file=sys.stderr)
         raise SystemExit(BAD_INPUT)
-    if args.only != "dapo" and not PEER_PYTHON.exists():
-        print(f"peer_trl: {PEER_PYTHON} is missing; run scripts/setup-peer.sh first (TRL beside .venv)", file=sys.stderr)
-        raise SystemExit(BAD_INPUT)
     if args.only != "dapo" and cfg.train.warmup_steps:
         print(f"peer_trl: train.warmup_steps={cfg.train.warmup_steps}: the TRL side maps a constant LR only",
               file=sys.stderr)
+        raise SystemExit(BAD_INPUT)
+    if args.only != "dapo" and not PEER_PYTHON.exists():
+        print(f"peer_trl: {PEER_PYTHON} is missing; run scripts/setup-peer.sh first (TRL beside .venv)", file=sys.stderr)
         raise SystemExit(BAD_INPUT)
     return cfg
 
