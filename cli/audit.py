@@ -16,12 +16,11 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from storage import run_views
+from storage import run_lookup, run_views
 from workflows import json_output
 from workflows.exit_codes import BAD_INPUT, OK
 
@@ -33,59 +32,16 @@ class LineageError(LookupError):
     """The run folder does not hold what was asked for (the message says where it looked)."""
 
 
-def not_a_run_folder(run: str, run_root: str) -> str:
-    return f"{run!r}: not a run folder (no run.json here or under {run_root}/)"
-
-
-# Lineage and audit read records, never weights or optimizer state: these stay in the object store.
-_NOT_RECORDS = (".safetensors", ".bin", ".pt", ".pth", ".png", ".html")
-
-
-def _plain_paths(*names: str) -> bool:
-    """No URI among ``names``: the run is looked up without storage.run_store, whose import loads the
-    pandera models (~1 s that a query over the views never needs)."""
-    return not any("://" in name for name in names)
-
-
-def find_run(run: str, run_root: str) -> Path:
-    """The local folder of run ``run``: a path or URI, or a name under ``run_root``.
-
-    A run in an object store is copied (records only) to a local folder first, which is returned;
-    ``display_names`` maps its paths back to URIs."""
-    if _plain_paths(run, run_root):
-        for candidate in (Path(run), Path(run_root, run)):
-            if (candidate / "run.json").is_file():
-                return candidate.resolve()
-        raise LineageError(not_a_run_folder(run, run_root))
-    from storage import run_store
-
-    candidates = [run] if run_store.is_remote(run) else [run, run_store.join(run_root, run)]
-    for candidate in candidates:
-        if not run_store.exists(run_store.join(candidate, "run.json")):
-            continue
-        if not run_store.is_remote(candidate):
-            return Path(run_store.local_path(candidate)).resolve()
-        local = _records_copy(candidate)
-        run_store.download_tree(candidate, local, exclude_suffixes=_NOT_RECORDS)
-        return local
-    raise LineageError(not_a_run_folder(run, run_root))
-
-
-def _records_copy(uri: str) -> Path:
-    from storage import run_store
-
-    return run_store.mirror_root() / "lineage" / run_store.local_path(uri).relative_to(run_store.mirror_root())
-
-
 def display_names(text: str, run: str, run_root: str) -> str:
-    """``text`` with the local records copy of an object-store run named by its URI again."""
-    if _plain_paths(run, run_root):
+    """``text`` with the local records copy of an object-store run (storage/run_lookup.py:
+    local_run_folder) named by its URI again."""
+    if "://" not in run + run_root:
         return text
     from storage import run_store
 
-    for candidate in [run, run_store.join(run_root, run)]:
+    for candidate in [run.rstrip("/"), run_store.join(run_root, run)]:
         if run_store.is_remote(candidate):
-            text = text.replace(str(_records_copy(candidate)), candidate)
+            text = text.replace(str(run_lookup.records_copy(candidate)), candidate)
     return text
 
 
@@ -200,15 +156,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     try:
-        con = run_views.open_run(find_run(args.run, args.run_root))
+        con = run_views.open_run(run_lookup.local_run_folder(args.run, args.run_root))
         if args.sql is None:
             views = run_views.describe(con)
             print(views_json(views) if args.json else views_text(views))
             return OK
         result = run_query(con, args.sql)
-    except (LineageError, duckdb.Error) as err:
+    except (LineageError, run_lookup.RunNotFound, duckdb.Error) as err:
         line = _first_line(err) if isinstance(err, duckdb.Error) else str(err)
-        print(display_names(f"dapo audit: {line}", args.run, args.run_root), file=sys.stderr)
+        print(display_names(f"dapo audit: error: {line}", args.run, args.run_root), file=sys.stderr)
         return BAD_INPUT
     print(as_json(result) if args.json else as_table(result))
     return OK
@@ -220,4 +176,4 @@ def _first_line(err: Exception) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-__all__ = ["run_query", "as_table", "as_json", "QueryResult", "find_run", "LineageError"]
+__all__ = ["run_query", "as_table", "as_json", "QueryResult", "LineageError"]

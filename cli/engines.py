@@ -22,8 +22,9 @@ from workflows.exit_codes import BAD_INPUT, OK
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["release"], help="release: kill the engine actors of a namespace")
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--run", help="the run folder (path or URI) whose engines to remove")
+    which.add_argument("--run", help="the run folder (path or URI), or a run name under --run-root, whose engines to remove")
     which.add_argument("--namespace", help="the Ray namespace whose engines to remove")
+    parser.add_argument("--run-root", default="runs", help="where --run names are looked up (default: %(default)s)")
     parser.add_argument("--ray-address", default=None,
                         help="the long-lived Ray cluster (default: $DAPO_ENGINES_RAY_ADDRESS)")
 
@@ -36,7 +37,15 @@ def run_cli(args: argparse.Namespace) -> int:
     if not address:
         print(f"dapo engines: no Ray cluster named: pass --ray-address or set {ENGINES_RAY_ADDRESS_ENV}", file=sys.stderr)
         return BAD_INPUT
-    namespace = args.namespace or ray_engines.run_namespace(args.run)
+    namespace = args.namespace
+    if namespace is None:  # the run's namespace, from its folder named as the driver named it
+        from storage import run_lookup
+
+        try:
+            namespace = ray_engines.run_namespace(run_lookup.run_folder(args.run, args.run_root))
+        except run_lookup.RunNotFound as err:
+            print(f"dapo engines: error: {err}", file=sys.stderr)
+            return BAD_INPUT
     released = ray_engines.release(EngineHosting(ray_address=address, namespace=namespace))
     print(f"released {len(released)} engine actor(s) of Ray namespace {namespace}" +
           (f": {', '.join(released)}" if released else ""))

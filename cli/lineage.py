@@ -24,8 +24,8 @@ import duckdb
 import pyarrow.compute as pc
 
 import schemas
-from cli.audit import LineageError, QueryResult, as_table, display_names, find_run
-from storage import checkpoints, run_views
+from cli.audit import LineageError, QueryResult, as_table, display_names
+from storage import checkpoints, run_lookup, run_views
 from storage.run_layout import RunLayout
 from workflows import json_output
 from workflows.exit_codes import BAD_INPUT
@@ -192,6 +192,48 @@ def checkpoint_lineage(layout: RunLayout, checkpoint: str) -> dict[str, Any]:
     return {"checkpoint": chain[0]["checkpoint_id"], "ancestry": chain}
 
 
+@dataclass(frozen=True)
+class StepLineage:
+    """What one training step trained on: its batch, every sample in it, and the checkpoints it
+    updated and produced."""
+
+    step: int
+    parent: run_views.CheckpointRow | None  # the checkpoint the step updated (None: not in this run)
+    checkpoint: run_views.CheckpointRow | None  # the checkpoint it produced (None: not published yet)
+    batch: run_views.StepBatch
+    samples: tuple[run_views.StepSample, ...]
+
+
+def step_lineage(con: duckdb.DuckDBPyConnection, step: int, where: str) -> StepLineage:
+    """Step ``step``'s batch and samples (``where``: its batch shard, named when it has none)."""
+    batch = run_views.step_batches(con).get(step)
+    if batch is None:
+        raise LineageError(f"{where}: step {step} has no batch (not run yet?)")
+    rows = run_views.checkpoint_rows(con)
+    produced = next((row for row in rows if row.step == step), None)
+    parent_id = produced.parent_checkpoint_id if produced else None
+    parent = next((row for row in rows if row.checkpoint_id == parent_id), None)
+    return StepLineage(step, parent, produced, batch, run_views.step_samples(con, step))
+
+
+_STEP_COLUMNS = ("rollout_id", "problem_id", "source_step", "source_round", "carried", "reward", "advantage", "correct",
+                 "generated_by")
+
+
+def step_text(lineage: StepLineage) -> str:
+    """The checkpoints the step updated and produced, its batch and source shards, a few metrics, then one
+    table row per sample: its problem, the step, round and checkpoint that generated it, whether it was
+    carried, its reward and advantage."""
+    parent, produced = lineage.parent, lineage.checkpoint
+    updated = f"{parent.checkpoint_id} (step {parent.step})" if parent else "a checkpoint not in this run"
+    into = f"into {produced.checkpoint_id}, {produced.folder}" if produced else "into no published checkpoint yet"
+    lines = [f"step        {lineage.step}  trained {updated} {into}", *_batch_lines(lineage.batch)]
+    lines += _metrics_lines(produced) if produced else []
+    rows = tuple(tuple(getattr(s, c) for c in _STEP_COLUMNS) for s in lineage.samples)
+    lines += ["", as_table(QueryResult(_STEP_COLUMNS, rows))]
+    return "\n".join(lines)
+
+
 def trained_samples(layout: RunLayout, step: int) -> list[str]:
     """The rollout ids step ``step`` trained on."""
     path = Path(layout.batch_shard(step))
@@ -201,9 +243,9 @@ def trained_samples(layout: RunLayout, step: int) -> list[str]:
 
 
 def resolve_run(run: str, run_root: str) -> RunLayout:
-    """A run folder given as a path or URI, or as a name under ``run_root`` (cli/audit.py: find_run;
+    """A run folder given as a path or URI, or as a name under ``run_root`` (storage/run_lookup.py;
     a run in an object store is copied, records only, to a local folder, which the layout names)."""
-    return RunLayout(find_run(run, run_root))
+    return RunLayout(run_lookup.local_run_folder(run, run_root))
 
 
 def find_checkpoint(rows: tuple[run_views.CheckpointRow, ...], checkpoint: str, where: str) -> run_views.CheckpointRow:
@@ -234,13 +276,8 @@ def checkpoint_chain_text(con: duckdb.DuckDBPyConnection, checkpoint: str, where
         lines.append(f"parent      {head.parent_checkpoint_id}" + (f"  step {parent.step}" if parent else "  (not in this run)"))
     batch = batches.get(head.step)
     if batch is not None:
-        lines.append(f"batch       {batch.shard}: {batch.samples} samples of {batch.problems} problems")
-        lines += [f"            {_source_text(source, batch.samples)}" for source in batch.sources]
-    metrics = [f"{name} {value:.4g}" for name, value in
-               (("loss", head.loss), ("entropy", head.entropy), ("accuracy", head.accuracy), ("reward_mean", head.reward_mean))
-               if value is not None]
-    if metrics:
-        lines.append(f"metrics     {'  '.join(metrics)}")
+        lines += _batch_lines(batch)
+    lines += _metrics_lines(head)
     lines.append(f"ancestry    {len(chain)} checkpoint{'s' if len(chain) > 1 else ''} back to step {chain[-1].step}")
     shown = chain if len(chain) <= ANCESTORS_SHOWN + 2 else [*chain[:ANCESTORS_SHOWN], None, chain[-1]]
     width = len(str(head.step))
@@ -252,6 +289,20 @@ def checkpoint_chain_text(con: duckdb.DuckDBPyConnection, checkpoint: str, where
         made = f"{batch.samples} samples, {batch.carried_samples} carried" if batch else f"made by {row.produced_by}"
         lines.append(f"            step {row.step:<{width}}  {row.checkpoint_id}  {made}")
     return "\n".join(lines)
+
+
+def _batch_lines(batch: run_views.StepBatch) -> list[str]:
+    """The batch shard, then every scored shard its samples came from (carried ones included)."""
+    return [f"batch       {batch.shard}: {batch.samples} samples of {batch.problems} problems",
+            *(f"            {_source_text(source, batch.samples)}" for source in batch.sources)]
+
+
+def _metrics_lines(row: run_views.CheckpointRow) -> list[str]:
+    """A few of the step's metrics, in one line (none for the step-0 policy)."""
+    metrics = [f"{name} {value:.4g}" for name, value in
+               (("loss", row.loss), ("entropy", row.entropy), ("accuracy", row.accuracy), ("reward_mean", row.reward_mean))
+               if value is not None]
+    return [f"metrics     {'  '.join(metrics)}"] if metrics else []
 
 
 def _source_text(source: run_views.BatchSource, total: int) -> str:
@@ -296,14 +347,15 @@ def problem_text(lineage: ProblemLineage) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run", help="run folder, or a run name under --run-root")
+    parser.add_argument("run", help="run folder (a path or an object-store URI), or a run name under --run-root")
     parser.add_argument("--run-root", default="runs", help="where run names are looked up (default: %(default)s)")
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--sample", metavar="ROLLOUT_ID", help="trace one sample (prints its JSON record)")
     what.add_argument("--checkpoint", metavar="ID", help="trace a checkpoint (its id, step-N, or the step number)")
     what.add_argument("--problem", dest="problem_id", metavar="PROBLEM_ID", help="every sample of a problem and whether it was trained on")
-    what.add_argument("--step", type=int, metavar="N", help="list the sample ids step N trained on")
-    parser.add_argument("--json", action="store_true", help="--checkpoint, --problem: the full record as JSON")
+    what.add_argument("--step", type=int, metavar="N",
+                      help="every sample step N trained on: its problem, where it was generated, its reward")
+    parser.add_argument("--json", action="store_true", help="--checkpoint, --problem, --step: the full record as JSON")
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -322,14 +374,15 @@ def run_cli(args: argparse.Namespace) -> int:
             lineage = problem_lineage(run_views.open_run(layout.root), args.problem_id, layout.root)
             show(json_output.dumps_readable(asdict(lineage)) if args.json else problem_text(lineage))
         else:
-            for rollout_id in trained_samples(layout, args.step):
-                print(rollout_id)
-    except (LineageError, duckdb.Error) as err:  # duckdb: a shard the views cannot read (named in its message)
+            step = step_lineage(run_views.open_run(layout.root), args.step, layout.batch_shard(args.step))
+            show(json_output.dumps_readable(asdict(step)) if args.json else step_text(step))
+    except (LineageError, run_lookup.RunNotFound, duckdb.Error) as err:  # duckdb: a shard the views cannot read
         line = str(err).strip().splitlines()[0]
-        print(display_names(f"dapo lineage: {line}", args.run, args.run_root), file=sys.stderr)
+        print(display_names(f"dapo lineage: error: {line}", args.run, args.run_root), file=sys.stderr)
         return BAD_INPUT
     return 0
 
 
 __all__ = ["sample_lineage", "checkpoint_lineage", "checkpoint_chain_text", "problem_lineage", "ProblemLineage", "trained_samples",
+           "step_lineage", "step_text", "StepLineage",
            "resolve_run", "LineageError"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli.verify import _resolve
+from storage import run_lookup
 from workflows.exit_codes import BAD_INPUT, OK
 
 
@@ -25,8 +25,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from workflows.run_page import rebuild
 
     try:
-        root = _resolve(args.run, args.run_root)
-    except FileNotFoundError as err:
+        root = run_lookup.run_folder(args.run, args.run_root)
+    except run_lookup.RunNotFound as err:
         print(f"dapo report: error: {err}", file=sys.stderr)
         return BAD_INPUT
     if not run_store.exists(RunLayout(root).summary):

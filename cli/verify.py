@@ -17,9 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from storage import checkpoints, digests, pruning, remakes, run_store
+from storage import checkpoints, digests, pruning, remakes, run_lookup, run_store
 from storage.run_layout import RunLayout
 from storage.run_summary import read_summary
 from workflows.config import ConfigError, config_from_dict
@@ -116,18 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compare sizes, not sha256 (no download from an object store)")
 
 
-def _resolve(run: str, run_root: str) -> str:
-    for candidate in [run] if run_store.is_remote(run) else [run, run_store.join(run_root, run)]:
-        if run_store.exists(run_store.join(candidate, "run.json")):
-            return candidate if run_store.is_remote(candidate) else str(Path(candidate).resolve())
-    raise FileNotFoundError(f"{run!r}: not a run folder (no run.json here or under {run_root}/)")
-
-
 def run_cli(args: argparse.Namespace) -> int:
     """Print one line per missing or damaged file; exit 1 if there is any, 2 when ``args.run`` is no run folder."""
     try:
-        root = _resolve(args.run, args.run_root)
-    except FileNotFoundError as err:
+        root = run_lookup.run_folder(args.run, args.run_root)
+    except run_lookup.RunNotFound as err:
         print(f"dapo verify: error: {err}", file=sys.stderr)
         return BAD_INPUT
     problems, checked = verify_run(root, deep=not args.sizes_only)

@@ -293,6 +293,7 @@ def train_steps(
     probe_input_ids: list[list[int]] | None = None,
     probe_path: str | Path | None = None,
     resume: bool | None = None,
+    reuse_decided: bool = False,
 ) -> TrainStepResult:
     """Run consecutive training steps in ONE engine launch and publish only the last checkpoint.
 
@@ -305,7 +306,8 @@ def train_steps(
     vouches for it: engines/train/checkpoint.py: resumes_optimizer_state); None decides it here on
     ``checkpoint_dir``, a local folder the caller trusts as a train step published it (the digest
     record is not required); either way only a train step's state is resumed, and it is unpickled
-    weights-only.
+    weights-only. ``reuse_decided``: the caller already made the reuse decision (reusable_step) for
+    ``out_dir`` (``train_step_in_store``, on the store's names), so it is not made again here.
     """
     if not steps:
         raise TrainStepError("no step to run")
@@ -313,11 +315,12 @@ def train_steps(
     checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
     t_start = time.perf_counter()
     parent = checkpoints.read_info(checkpoint_dir)  # refuses incomplete checkpoints
-    batch_sha256 = batch_sha256_of([s for _, shards in steps for s in shards])
-    reused = reusable_step(out_dir, parent=checkpoint_dir, step=last_step, config=config, batch_sha256=batch_sha256,
-                           code_version=train_code_version())
-    if reused is not None:
-        return reused
+    if not reuse_decided:
+        batch_sha256 = batch_sha256_of([s for _, shards in steps for s in shards])
+        reused = reusable_step(out_dir, parent=checkpoint_dir, step=last_step, config=config,
+                               batch_sha256=batch_sha256, code_version=train_code_version())
+        if reused is not None:
+            return reused
     batches_meta = _check_batches(steps, config, parent.step)
     if resume is None:
         resume = config.resume_optimizer and parent.produced_by == "train" and \
@@ -357,14 +360,16 @@ def train_step(
     step: int,
     config: TrainConfig,
     resume: bool | None = None,
+    reuse_decided: bool = False,
 ) -> TrainStepResult:
     """One DAPO step: update the policy in ``checkpoint_dir`` on the kept rows of ``scored_shards``.
 
     Publishes the next checkpoint at ``out_dir`` (atomic) and returns its id, StepMetrics row and
     timings. Raises ``TrainStepError`` naming the step on bad input or a failed update.
-    ``resume``: as for :func:`train_steps`.
+    ``resume``, ``reuse_decided``: as for :func:`train_steps`.
     """
-    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config, resume=resume)
+    return train_steps(checkpoint_dir, [(step, list(scored_shards))], out_dir, config=config, resume=resume,
+                       reuse_decided=reuse_decided)
 
 
 def train_step_in_store(
@@ -400,7 +405,8 @@ def train_step_in_store(
         return reused
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
     with outputs.output(out_dir, folder=True) as local:
-        result = train_step(parent_local, shards, local, step=step, config=config, resume=resume)
+        result = train_step(parent_local, shards, local, step=step, config=config, resume=resume,
+                            reuse_decided=True)  # decided above, on the store's names
     return dataclasses.replace(result, checkpoint_dir=out_dir)
 
 

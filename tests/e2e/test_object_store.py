@@ -109,8 +109,9 @@ def test_a_rerun_is_all_cache_hits(store: RunLayout) -> None:
 
 
 def test_lineage_reads_the_run_from_the_store(store: RunLayout, s3_run: dict) -> None:
-    ids = _dapo(["lineage", store.root, "--step", "1"], s3_run["env"]).stdout.split()
-    assert ids
+    step = json.loads(_dapo(["lineage", store.root, "--step", "1", "--json"], s3_run["env"]).stdout)
+    ids = [sample["rollout_id"] for sample in step["samples"]]
+    assert ids and step["checkpoint"]["step"] == 1
     traced = json.loads(_dapo(["lineage", store.root, "--sample", ids[0]], s3_run["env"]).stdout)
     assert traced["trained"]["step"] == 1
     assert traced["generation"]["checkpoint_dir"] == store.checkpoint(0)

@@ -234,6 +234,10 @@ def test_a_run_in_an_object_store_is_queried_from_its_records(tmp_path: Path, mo
     code, out, err = _dapo(capsys, "lineage", uri, "--checkpoint", "2")
     assert code == 0, err
     assert f"4 of 8 samples carried from {CARRIED_FROM}" in out
+    code, out, err = _dapo(capsys, "lineage", uri, "--step", "2", "--json")
+    assert code == 0, err
+    assert {s["rollout_id"] for s in json.loads(out)["samples"]} == {
+        lineage_run.rollout_id(step, rnd, name, i) for step, rnd, name in lineage_run.TRAINED[2] for i in range(4)}
     code, _, err = _dapo(capsys, "audit", f"{uri}-missing", "--views")
     assert code == 2 and f"'{uri}-missing': not a run folder" in err
 
@@ -252,3 +256,53 @@ def test_an_audit_query_loads_neither_torch_nor_pandera(run: Path) -> None:
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]", proc.stdout
+
+
+def _table(text: str) -> list[dict[str, str]]:
+    """The rows of the table that ends ``text`` (as cli/audit.py: as_table prints one), by column name."""
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["rollout_id"])
+    names = lines[header].split()
+    return [dict(zip(names, line.split(), strict=True)) for line in lines[header + 2:-1]]
+
+
+def test_step_names_what_each_trained_sample_is(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Bare rollout ids say nothing; like --checkpoint and --problem, --step names the checkpoint the step
+    # trained and produced, the shards its batch came from, and for each sample its problem, the step,
+    # round and checkpoint that generated it, whether it was carried, and its reward.
+    code, out, err = _dapo(capsys, "lineage", str(run), "--step", "2")
+    assert code == 0, err
+    head = out.splitlines()[0]
+    assert head.startswith("step") and " 2 " in f"{head} " and lineage_run.checkpoint_id(1) in head, head
+    assert f"into {lineage_run.checkpoint_id(2)}" in head, head
+    assert "batch       steps/step-0002/batch.parquet: 8 samples of 2 problems" in out
+    assert f"4 of 8 samples carried from {CARRIED_FROM}" in out
+    rows = {row["rollout_id"]: row for row in _table(out)}
+    expected = {lineage_run.rollout_id(step, rnd, name, i): (step, rnd, name, i)
+                for step, rnd, name in lineage_run.TRAINED[2] for i in range(lineage_run.G)}
+    assert set(rows) == set(expected)
+    for rollout_id, (step, rnd, name, i) in expected.items():
+        row = rows[rollout_id]
+        assert row["problem_id"] == lineage_run.problem_id(name)
+        assert (row["source_step"], row["source_round"], row["carried"]) == (str(step), str(rnd), str(step < 2).lower())
+        assert row["generated_by"] == lineage_run.checkpoint_id(step - 1)
+        assert row["reward"] == ("1" if i < 3 else "-1")
+    assert out.splitlines()[-1] == "(8 rows)"
+
+
+def test_step_json_is_the_full_record(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _dapo(capsys, "lineage", str(run), "--step", "2", "--json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["checkpoint"]["checkpoint_id"] == lineage_run.checkpoint_id(2)
+    assert record["checkpoint"]["parent_checkpoint_id"] == lineage_run.checkpoint_id(1)
+    assert record["batch"]["shard"] == "steps/step-0002/batch.parquet" and record["batch"]["samples"] == 8
+    carried = [s for s in record["samples"] if s["carried"]]
+    assert len(carried) == 4 and {s["source_shard"] for s in carried} == {CARRIED_FROM}
+    assert {s["generated_by"] for s in carried} == {lineage_run.checkpoint_id(0)}
+
+
+def test_a_step_that_trained_nothing_is_one_line_and_exit_code_2(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _dapo(capsys, "lineage", str(run), "--step", "9")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "step 9" in err and "steps/step-0009/batch.parquet" in err, err
