@@ -4,7 +4,8 @@ The dry run needs no backend: it runs the SDK's own deploy path with ``dry_run=T
 placeholder endpoint and, beyond what Flyte accepts, fails when a module cannot be imported, a
 task input or output would travel as a pickle, or serialisation raises. ``--config`` validates and
 sizes the run for a cluster (infra/sizing.py), ``--sizing`` prints docs/CLUSTER.md's tables,
-``--serve`` adds the serving app. Flyte and the task modules are imported only after the target
+``--serve`` adds the serving app, ``--engines-ray-address`` gives every pod a long-lived Ray cluster
+for the engines (settings/rollout.py: EngineHosting). Flyte and the task modules are imported only after the target
 and plan are set in the process environment, so run this as its own process (the CLI does).
 
 Design notes (the checks, default inputs, serving): docs/CLUSTER.md, "Deploy (cli/deploy.py)".
@@ -24,6 +25,8 @@ from typing import Any
 
 from infra import handoff, model_shape, sizing
 from cli.launch import DEFAULT_DOMAIN, DEFAULT_PROJECT, remote_run_dir
+from settings.checks import FieldError
+from settings.rollout import EngineHosting
 from workflows.exit_codes import BAD_INPUT, FAILED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +58,41 @@ class DeployError(RuntimeError):
 
 class DeployInputError(DeployError):
     """What the command was given is wrong (an option, the config, a checkpoint); exit code 2."""
+
+
+# ----------------------------------------------------------------------------- long-lived engines
+
+ENGINE_OPTIONS = {"ray_address": "--engines-ray-address", "namespace": "--engines-namespace"}  # EngineHosting field -> option
+
+
+def engine_hosting(address: str, namespace: str, *, run_dir: str, target: str) -> EngineHosting | None:
+    """The EngineHosting every pod gets (settings/rollout.py), or None without ``--engines-ray-address``.
+
+    A pod is no member of the long-lived Ray cluster, so it joins through Ray's client: the address must
+    be ``ray://HOST:PORT``. The namespace is the one named, else the run folder's, derived as a local run
+    derives it (engines/rollout/ray_engines.py: run_namespace), so the driver's end-of-run removal and the
+    tasks agree on it. Raises DeployInputError naming the option (exit 2, before anything is registered).
+    """
+    from engines.rollout.ray_engines import run_namespace
+
+    if not address:
+        if namespace:
+            raise DeployInputError(f"--engines-namespace {namespace!r}: names the engines' namespace on a long-lived "
+                                   "Ray cluster; give its address too (--engines-ray-address ray://HOST:PORT)")
+        return None
+    if target != "cluster":
+        raise DeployInputError(f"--engines-ray-address {address!r}: only with --target cluster (a local run takes "
+                               "DAPO_ENGINES_RAY_ADDRESS from its own environment)")
+    if not address.startswith("ray://"):
+        raise DeployInputError(f"--engines-ray-address {address!r}: a task pod joins the long-lived Ray cluster "
+                               "through Ray's client; give ray://HOST:PORT (the head's client port, 10001 by default)")
+    if not namespace and not run_dir:
+        raise DeployInputError(f"--engines-ray-address {address!r}: name the engines' namespace (--engines-namespace "
+                               "NAME), or give --config and --run-root so the run folder derives it")
+    try:
+        return EngineHosting(ray_address=address, namespace=namespace or run_namespace(run_dir))
+    except FieldError as err:
+        raise DeployInputError(f"{ENGINE_OPTIONS[err.field]} {err.value!r}: {err.why}") from None
 
 
 # ----------------------------------------------------------------------------- sizing a config
@@ -149,7 +187,10 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
                                            keep_weights_every=0)
     mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row c's "
             "starts)" if drv.pipelined else
-            "run.pipelined: false (synchronous): row b with a persistent Ray cluster, row c without")
+            "run.pipelined: false (synchronous): row b with a persistent Ray cluster (--engines-ray-address), row c "
+            "without; row d needs the train task to reach the train host, which this deployment's train task (a "
+            "PyTorch Elastic job of fresh pods) does not; `dapo run` with DAPO_ENGINES_RAY_ADDRESS does, for a train group "
+            "on one node")
     return handoff.format_handoff(cost) + f"\n    this config: {mode}" + (
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
         f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "
@@ -252,7 +293,8 @@ def _literal_type_text(var: Any) -> str:
 
 
 def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
-    """One dict per serialised task: env, name, type, image, resources, inputs, outputs, plugin summary."""
+    """One dict per serialised task: environment, name, type, image, resources, environment variables (env),
+    inputs, outputs, plugin summary."""
     rows = []
     for deployment in deployments:
         for env_name, deployed_env in deployment.envs.items():
@@ -260,15 +302,17 @@ def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
                 template = entity.deployed_task.task_template
                 container = template.container if template.HasField("container") else None
                 pod = template.k8s_pod if template.HasField("k8s_pod") else None
-                image, resources = "", {}
+                image, resources, env = "", {}, {}
                 if container is not None:
                     image = container.image
                     resources = {_resource_name(r.name): r.value for r in container.resources.requests}
+                    env = {pair.key: pair.value for pair in container.env}
                 elif pod is not None:
                     spec = _struct_to_dict(pod.pod_spec)
                     primary = next(iter(spec.get("containers", [])), {})
                     image = primary.get("image", "")
                     resources = dict(primary.get("resources", {}).get("requests", {}))
+                    env = {pair["name"]: pair.get("value", "") for pair in primary.get("env", [])}
                 custom = json.loads(json.dumps(_struct_to_dict(template.custom))) if template.HasField("custom") else {}
                 rows.append(
                     {
@@ -277,6 +321,7 @@ def task_rows(deployments: list[Any]) -> list[dict[str, Any]]:
                         "type": template.type,
                         "image": image,
                         "resources": resources,
+                        "env": env,
                         "inputs": {v.key: _literal_type_text(v.value) for v in template.interface.inputs.variables},
                         "outputs": {v.key: _literal_type_text(v.value) for v in template.interface.outputs.variables},
                         "plugin": _plugin_summary(template.type, custom),
@@ -439,6 +484,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-store-pvc", default="", help="ReadWriteMany PVC holding the run store, mounted in every pod "
                         "(leave out for an object-store run store: run_dir s3://..., see docs/CLUSTER.md)")
     parser.add_argument("--run-store-mount", default="/runs", help="where the run store is mounted (default: %(default)s)")
+    parser.add_argument("--engines-ray-address", default="", metavar="ray://HOST:PORT",
+                        help="a long-lived Ray cluster for the rollout and evaluation engines: every pod gets "
+                             "DAPO_ENGINES_RAY_ADDRESS, rollout and evaluate become plain pods joining it, and the "
+                             "engines stay warm between calls (docs/CLUSTER.md, \"What stays warm where\")")
+    parser.add_argument("--engines-namespace", default="", metavar="NAME",
+                        help="with --engines-ray-address: the engines' Ray namespace (DAPO_ENGINES_NAMESPACE; default: "
+                             "derived from the run folder of --config and --run-root, as a local run derives it)")
     parser.add_argument("--sizing", action="store_true", help="print the sizing tables (docs/CLUSTER.md) and exit")
     parser.add_argument("--sizing-out", help="with --sizing: also write the tables to this file")
     parser.add_argument("--serve", metavar="CHECKPOINT",
@@ -455,6 +507,7 @@ def _deploy(args: argparse.Namespace) -> int:
     plan = None
     plan_env: dict[str, Any] = {"gpus_per_node": args.gpus_per_node, "run_store_pvc": args.run_store_pvc,
                                 "run_store_mount": args.run_store_mount}
+    defaults: dict[str, Any] = {}  # the driver's default inputs (with --config)
     if args.config:
         from workflows.config import ConfigError, load_config
 
@@ -463,12 +516,16 @@ def _deploy(args: argparse.Namespace) -> int:
         except (ConfigError, ValueError) as err:
             raise DeployInputError(f"config: {err}") from err
         plan, plan_env = resolve_plan(config, args)
-        defaults = {"run_config": config}
+        defaults["run_config"] = config
         if args.run_root:
             defaults["run_dir"] = remote_run_dir(args.run_root, config.run.name)  # a relative root: exit 2
         print(f"config {args.config}: valid (digest {config.digest()})")
     elif args.run_root:
         raise DeployInputError("--run-root names the driver's default run folder: give --config too")
+    hosting = engine_hosting(args.engines_ray_address, args.engines_namespace,
+                             run_dir=defaults.get("run_dir", ""), target=args.target)
+    if hosting is not None:  # every pod's environment (infra/environments.py: engines_env)
+        plan_env["engines_env"] = hosting.environ()
     # Set before anything imports infra.environments: the environments are built from these.
     os.environ["DAPO_FLYTE_TARGET"] = args.target
     os.environ["DAPO_CLUSTER_PLAN"] = json.dumps(plan_env, sort_keys=True)
@@ -514,6 +571,9 @@ def _deploy(args: argparse.Namespace) -> int:
     if default_inputs:
         run_dir = f", run_dir {defaults['run_dir']}" if "run_dir" in defaults else " (run_dir: none; give --run-root)"
         print(f"default inputs of {DRIVER_TASK}: run_config from {args.config} (digest {config.digest()}){run_dir}")
+    if hosting is not None:
+        print(f"engines: long-lived named actors on {hosting.ray_address}, namespace {hosting.namespace} "
+              "(DAPO_ENGINES_* in every pod; removed by the driver at the run's end)")
     if plan is not None:
         print(sizing.format_plan(plan))
         print(describe_handoff(config, plan))

@@ -71,6 +71,29 @@ USER_ERRORS = frozenset({"PoolTooSmallError", "PromptTooLongError", "PromptTextE
                          "BootstrapError", "PrunedWeightsError"})
 
 
+# Commands that start rollout engines, which read where the engines live from the environment
+# (settings/rollout.py: EngineHosting, DAPO_ENGINES_*): a bad value is refused before any work.
+ENGINE_COMMANDS = frozenset({"run", "ablate", "rollout", "eval", "ask"})
+
+
+def engine_hosting_error(command: str) -> str | None:
+    """The one line refusing a bad ``DAPO_ENGINES_*`` value for ``command`` (one that starts engines);
+    None when the variables are usable or the command starts none. Read here, once, so the refusal
+    comes before the run folder, the inputs or a Flyte task (which would wrap it in a traceback)."""
+    if command not in ENGINE_COMMANDS:
+        return None
+    import os
+
+    from settings.checks import FieldError
+    from settings.rollout import EngineHosting
+
+    try:
+        EngineHosting.from_environ(os.environ)
+    except FieldError as err:
+        return f"dapo {command}: environment: {err}"
+    return None
+
+
 def disk_full_line(err: BaseException) -> str | None:
     """The "no space left on device ..." line inside ``err`` or its causes; None if it is not one."""
     from schemas.disk_space import MARKER, error_chain
@@ -117,6 +140,10 @@ def _run_command(argv: list[str]) -> int:
     module = _module_for(args.command)
     if module is None:
         print(f"dapo {args.command}: this stage is not built yet ({SUBCOMMANDS[args.command][0]})", file=sys.stderr)
+        return BAD_INPUT
+    refusal = engine_hosting_error(args.command)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
         return BAD_INPUT
     from settings.checks import FieldError
 

@@ -94,6 +94,10 @@ _DEFAULT_PLAN: dict[str, Any] = {
     "run_store_pvc": "",  # ReadWriteMany PersistentVolumeClaim holding the run store ("" = none: object store)
     "run_store_mount": "/runs",
     "rollout_idle_ttl_s": 1800,  # the reuse policy's idle TTL: a Union backend keeps the Ray cluster this long between calls
+    # The variables naming a long-lived Ray cluster that holds the engines, for every pod's environment
+    # ({} = none: rollout is a RayJob). Written by cli/deploy.py from settings/rollout.py's
+    # EngineHosting.environ(); opaque here, so that no stage's cache version follows that module.
+    "engines_env": {},
 }
 
 
@@ -173,10 +177,49 @@ def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
     return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
 
 
+def rollout_ray_job_environment(plan: dict[str, Any], env_vars: dict[str, str]) -> flyte.TaskEnvironment:
+    """Rollout and evaluation as a RayJob whose engines live and die with each call."""
+    return flyte.TaskEnvironment(
+        name="dapo-rollout",
+        include=BUNDLED_FILES,
+        image=rollout_image,
+        # The task itself is the Ray driver (on the head); engines are actors on the workers.
+        resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
+        env_vars=env_vars,
+        plugin_config=ray_job_config(plan),
+        # One shared Ray cluster kept between calls, on a Union backend only: open-source Flyte 2
+        # ignores the policy and starts a fresh RayJob per call (docs/CLUSTER.md, "What stays warm where").
+        reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])),
+        description=(
+            f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "
+            f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s)."
+        ),
+    )
+
+
+def rollout_client_environment(plan: dict[str, Any], env_vars: dict[str, str],
+                               pod_template: flyte.PodTemplate | None) -> flyte.TaskEnvironment:
+    """Rollout and evaluation as a plain pod, a client of the long-lived Ray cluster the plan names: no
+    RayJob (whose own Ray the task would join instead), no reuse policy; its engines outlive the pod."""
+    return flyte.TaskEnvironment(
+        name="dapo-rollout",
+        include=BUNDLED_FILES,
+        image=rollout_image,
+        resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
+        env_vars=env_vars,
+        pod_template=pod_template,
+        description=(
+            f"vLLM generation on a long-lived Ray cluster: {plan['rollout_engines']} engine(s) x tensor_parallel "
+            f"{plan['rollout_tensor_parallel']}, named actors kept between calls."
+        ),
+    )
+
+
 def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnvironment, flyte.TaskEnvironment]:
     """``(cpu, rollout, train)`` environments for ``target`` (names and images are the same for both)."""
     env_vars: dict[str, str] | None = None
     cpu_template: flyte.PodTemplate | None = None
+    driver_image = cpu_image
     if target == "local":
         rollout = flyte.TaskEnvironment(
             name="dapo-rollout",
@@ -194,25 +237,18 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
         )
     else:
         plan = cluster_settings()
-        env_vars = {TARGET_ENV_VAR: "cluster", PLAN_ENV_VAR: json.dumps(plan, sort_keys=True)}
+        engines_env = {str(name): str(value) for name, value in dict(plan["engines_env"]).items()}
+        # Every pod (the driver, rollout and evaluate, train) gets the engines' variables: the tasks find
+        # the run's engines by name, and the driver removes them at the run's end (ray_engines.hosted_for_run).
+        env_vars = {TARGET_ENV_VAR: "cluster", PLAN_ENV_VAR: json.dumps(plan, sort_keys=True), **engines_env}
         store = plan["run_store_pvc"]
         cpu_template = run_store_pod_template(store, plan["run_store_mount"]) if store else None
-        rollout = flyte.TaskEnvironment(
-            name="dapo-rollout",
-            include=BUNDLED_FILES,
-            image=rollout_image,
-            # The task itself is the Ray driver (on the head); engines are actors on the workers.
-            resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
-            env_vars=env_vars,
-            plugin_config=ray_job_config(plan),
-            # One shared Ray cluster kept between calls, on a Union backend only: open-source Flyte 2
-            # ignores the policy and starts a fresh RayJob per call (docs/CLUSTER.md, "What stays warm where").
-            reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])),
-            description=(
-                f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "
-                f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s)."
-            ),
-        )
+        if engines_env:
+            rollout = rollout_client_environment(plan, env_vars, cpu_template)
+            # The driver attaches to the cluster at the run's end to remove the run's engines: Ray's client.
+            driver_image = cpu_image.with_pip_packages(image_pin("ray[client]"))
+        else:
+            rollout = rollout_ray_job_environment(plan, env_vars)
         nproc, nodes = int(plan["train_nproc_per_node"]), int(plan["train_nodes"])
         train = flyte.TaskEnvironment(
             name="dapo-train",
@@ -229,7 +265,7 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",
         include=BUNDLED_FILES,
-        image=cpu_image,
+        image=driver_image,
         resources=flyte.Resources(cpu="4", memory="16Gi"),
         env_vars=env_vars,
         pod_template=cpu_template,

@@ -3,8 +3,9 @@
 Every training step publishes a checkpoint (the HF export and the DeepSpeed optimizer state) that
 the next rollout and train step read back; what else a step pays depends on what stays warm
 between tasks, so :func:`step_handoff` prices each path as it is built (issue 50): a) in-process
-warm, b) persistent engine actors, c) open-source Flyte without a persistent cluster, d) designed
-only, and pipelined on b. Nothing here is measured: :class:`Bandwidth`, :class:`Throughput` and
+warm, b) persistent engine actors, c) open-source Flyte without a persistent cluster, d) persistent
+engines and train ranks (the train host), e) the designed in-memory hand-off (modelled only), and
+pipelined on b. Nothing here is measured: :class:`Bandwidth`, :class:`Throughput` and
 :class:`EngineStart` are the assumptions the figures stand on, printed beside them.
 
 Design notes (each path, the transfer formula): docs/CLUSTER.md, "Hand-off pricing (infra/handoff.py)".
@@ -30,7 +31,7 @@ class Bandwidth:
 
     per_node_bytes_per_s: float = 1.25 * GB  # one node to/from the run store (~10 Gb/s: one S3/GCS client, a few streams)
     aggregate_bytes_per_s: float = 20 * GB  # the run store as a whole, every node at once
-    interconnect_bytes_per_s: float = 12.5 * GB  # node to node (100 Gb/s), for a weight broadcast
+    interconnect_bytes_per_s: float = 12.5 * GB  # node to node (100 Gb/s), for a weight broadcast (path e)
     local_disk_bytes_per_s: float = 5 * GB  # one host's NVMe, written and fsynced (path a); a RAID of drives does more
 
 
@@ -111,7 +112,8 @@ class StepHandoff:
     in_process: HandoffCost  # a) in-process warm, one machine
     persistent_engines: HandoffCost  # b) persistent engine actors, fresh train pods
     fresh_rayjobs: HandoffCost  # c) open-source Flyte without a persistent cluster
-    designed: HandoffCost  # d) persistent engines and train ranks (modelled)
+    persistent_ranks: HandoffCost  # d) persistent engines and train ranks (the train host), publishing every step
+    designed: HandoffCost  # e) the designed in-memory hand-off (modelled)
     pipelined: HandoffCost  # run.pipelined on b: b's transfers, the two lanes overlapping
     pipelined_step_s: float  # max(generation, training): a pipelined step without the hand-off
     bandwidth: Bandwidth
@@ -122,11 +124,12 @@ class StepHandoff:
     optimizer_upload_every_steps: int
     mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
     mirror_train_node_bytes: int  # rank 0's node: its share of the parent's state, the output's weights and share
+    train_nodes: int = 1  # the plan's; the train host as built holds a group on one node (path d)
 
     @property
-    def paths(self) -> tuple[HandoffCost, HandoffCost, HandoffCost, HandoffCost]:
-        """``(a, b, c, d)``."""
-        return self.in_process, self.persistent_engines, self.fresh_rayjobs, self.designed
+    def paths(self) -> tuple[HandoffCost, HandoffCost, HandoffCost, HandoffCost, HandoffCost]:
+        """``(a, b, c, d, e)``."""
+        return self.in_process, self.persistent_engines, self.fresh_rayjobs, self.persistent_ranks, self.designed
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,7 @@ def step_handoff(
     optimizer_upload_every_steps: int = 10,
     evaluate_every_steps: int = 0,
 ) -> StepHandoff:
-    """Bytes and seconds of the hand-off on each path (a-d, and pipelined on b) for one step of ``plan``.
+    """Bytes and seconds of the hand-off on each path (a-e, and pipelined on b) for one step of ``plan``.
 
     ``evaluate_every_steps`` is ``run.eval_every_steps`` (0: no evaluate calls priced): an evaluate
     call, like a rollout call, starts the engines on path c and fetches the policy on path b.
@@ -262,15 +265,16 @@ def step_handoff(
     mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
     return StepHandoff(
         w, o, generation_s, training_s, step_s, _path_a(terms, bw, step_s), b, _path_c(terms, lanes, step_s),
-        _path_d(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw, t, engine_start, terms.calls,
+        _path_d(terms, lanes, step_s), _path_e(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw,
+        t, engine_start, terms.calls,
         terms.load_s, k,
-        mirror_rollout, mirror_train,
+        mirror_rollout, mirror_train, tn,
     )
 
 
-def _reload(terms: _Terms, critical_s: float, what: str = "reload them") -> Transfer:
+def _reload(terms: _Terms, critical_s: float, what: str = "reload them", implemented: bool = True) -> Transfer:
     return Transfer(f"rollout: {terms.engines} warm engine(s) {what} ({terms.w / terms.tensor_parallel / GB:,.1f} GB "
-                    "per GPU)", terms.w, terms.load_s, critical_s, True, via_store=False)
+                    "per GPU)", terms.w, terms.load_s, critical_s, implemented, via_store=False)
 
 
 def _path_a(terms: _Terms, bw: Bandwidth, step_s: float) -> HandoffCost:
@@ -283,16 +287,21 @@ def _path_a(terms: _Terms, bw: Bandwidth, step_s: float) -> HandoffCost:
     ], terms.w + terms.o, terms.w, step_s)
 
 
+def _train_upload(terms: _Terms, who: str = "") -> Transfer:
+    """The train step publishes its checkpoint whole before it returns (engines/train/publish.py, storage/outputs.py)."""
+    return Transfer(f"train: {who}rank 0's node uploads the export, every node its ranks' ds_state shards",
+                    terms.w + terms.o, terms.upload_s, terms.upload_s, True)
+
+
 def _train_fresh_pods(terms: _Terms) -> tuple[Transfer, ...]:
     """Training in fresh pods every step (paths b and c): start, fetch the parent's state, upload the output."""
-    tn, o, w = terms.train_nodes, terms.o, terms.w
+    tn, o = terms.train_nodes, terms.o
     group_s = terms.start.train_group_start_s
     return (
         Transfer(f"train: {tn} fresh pod(s) start the DeepSpeed group", 0, group_s, group_s, True, via_store=False),
         Transfer(f"train: {tn} node(s) fetch their ranks' 1/{tn} of the parent's optimizer state (not its weights: "
                  "the state restores them)", o, terms.train_fetch_s, terms.train_fetch_s, True),
-        Transfer("train: rank 0's node uploads the export, every node its ranks' ds_state shards", w + o,
-                 terms.upload_s, terms.upload_s, True),
+        _train_upload(terms),
     )
 
 
@@ -329,20 +338,42 @@ def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
     return _cost(name, [*per_call, *lanes.train], w + terms.o, calls * (rn + 1) * w + terms.o, step_s)
 
 
-def _path_d(terms: _Terms, bw: Bandwidth, generation_s: float, k: int, step_s: float) -> HandoffCost:
-    """Persistent engines and train ranks: the export shared out, the optimizer state every k steps."""
+def _path_d(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
+    """Persistent engines and train ranks as built (engines/train/ray_host.py): b's rollout lane; the warm
+    group neither starts nor fetches the parent (it holds the state, and the parent is in its node's
+    mirror, published from there), and still publishes the whole checkpoint every step before the step
+    returns (the code publishes nothing in the background), which the engines then fetch from the store."""
+    w, o = terms.w, terms.o
+    name = "d) persistent engines and train ranks (as built with a persistent Ray cluster and the train host)"
+    upload = _train_upload(terms, "the warm group publishes every step before it returns: ")
+    return _cost(name, [*lanes.rollout, upload], w + o, (terms.rollout_nodes + 1) * w + (terms.calls - 1) * w, step_s)
+
+
+def _background(upload_s: float, window_s: float) -> float:
+    """Seconds an upload started with the next rollout adds to the step: what it takes beyond the rollout."""
+    return max(0.0, upload_s - window_s)
+
+
+def _path_e(terms: _Terms, bw: Bandwidth, generation_s: float, k: int, step_s: float) -> HandoffCost:
+    """The designed in-memory hand-off (modelled, not built): the weights broadcast from the train ranks to
+    the engines over the interconnect, the checkpoint published for lineage and resume in the background
+    during the next rollout (the export every step, each train node its share; the optimizer state every
+    k steps), so only what those uploads take beyond the rollout waits."""
     tn, rn, w, o = terms.train_nodes, terms.rollout_nodes, terms.w, terms.o
+    broadcast = w / bw.interconnect_bytes_per_s  # a pipelined broadcast: every link carries the weights once
     export = transfer_seconds(w, w / tn, bw)
-    weights_fetch = transfer_seconds(rn * w, w, bw)
     state_upload = transfer_seconds(o, o / tn, bw)
-    return _cost("d) designed (modelled): persistent engines and train ranks", [
-        Transfer(f"train: each of {tn} node(s) uploads 1/{tn} of the export", w, export, export, False),
-        Transfer(f"rollout: {rn} engine node(s) fetch the weights only", rn * w, weights_fetch, weights_fetch, True),
-        _reload(terms, terms.load_s),
+    export_wait = _background(export, generation_s)
+    state_wait = (_background(export + state_upload, generation_s) - export_wait) / k  # on one step in k
+    return _cost("e) designed (modelled): persistent engines and train ranks, weights handed over in memory", [
+        Transfer(f"train -> rollout: rank 0's node broadcasts the weights to {rn} engine node(s) over the interconnect "
+                 "(NCCL), in memory", rn * w, broadcast, broadcast, False, via_store=False),
+        _reload(terms, terms.load_s, "take them from memory", implemented=False),
+        Transfer(f"train: each of {tn} node(s) uploads 1/{tn} of the export in the background during the next rollout",
+                 w, export, export_wait, False),
         Transfer(f"train: optimizer state kept in the warm ranks' memory, uploaded every {k} steps in the "
-                 "background during the next rollout", o, state_upload, max(0.0, state_upload - generation_s) / k,
-                 False),
-    ], w + o // k, rn * w, step_s)
+                 "background during the next rollout, after the export", o, state_upload, state_wait, False),
+    ], w + o // k, 0, step_s)
 
 
 def _overlapped(lanes: _Lanes, terms: _Terms, bw: Bandwidth) -> _Lanes:
@@ -415,11 +446,14 @@ def _assumption_lines(h: StepHandoff) -> list[str]:
         f"            (assumed: {t.generated_tokens_per_s_per_gpu:,.0f} generated tok/s per GPU, "
         f"{t.train_flops_per_s_per_gpu / 1e12:,.0f} TFLOP/s per GPU, {t.mean_response_tokens} response tokens, "
         f"{t.generation_rounds:g} round(s); store {bw.per_node_bytes_per_s / GB:g} GB/s per node, "
-        f"{bw.aggregate_bytes_per_s / GB:g} GB/s aggregate; local disk {bw.local_disk_bytes_per_s / GB:g} GB/s)",
+        f"{bw.aggregate_bytes_per_s / GB:g} GB/s aggregate; local disk {bw.local_disk_bytes_per_s / GB:g} GB/s; "
+        f"node to node {bw.interconnect_bytes_per_s / GB:g} GB/s)",
         f"            (assumed starts: vLLM init {s.engine_init_s:g} s + the weights at "
         f"{s.load_bytes_per_s_per_gpu / GB:g} GB/s per GPU ({h.engine_load_s:,.1f} s); a fresh RayJob's pods "
         f"{s.ray_cluster_start_s:g} s; fresh train pods {s.train_group_start_s:g} s; {h.calls_per_step:g} "
         "rollout/evaluate call(s) a step)",
+        "            (assumed for e, designed: a pipelined broadcast, every link carrying the weights once at the node "
+        "to node rate; the engines take them into their GPUs at the load rate above)",
     ]
 
 
@@ -449,8 +483,12 @@ def format_handoff(h: StepHandoff) -> str:
         lines.append(f"    {cost.name}: {cost.written_bytes / GB:,.1f} GB written, {cost.read_bytes / GB:,.1f} GB read "
                      f"per step; {cost.critical_path_s:,.0f} s on the critical path = {cost.share:.1%} of {step}")
         lines += [_part_line(p) for p in cost.parts]
-        if cost is h.persistent_engines or cost is h.fresh_rayjobs:
+        if cost is h.persistent_engines or cost is h.fresh_rayjobs or cost is h.persistent_ranks:
             lines.append(_bandwidth_line(cost, h))
+        if cost is h.persistent_ranks and h.train_nodes > 1:
+            lines.append(f"      priced with the plan's {h.train_nodes} train nodes each publishing its share, as b's pods do; "
+                         "the train host as built holds a group on one node (torchrun on one node), so it cannot hold "
+                         "this plan's group yet")
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
                  "GB (its ranks' share of the parent's optimizer state, and the step's output: the weights and its "

@@ -8,7 +8,9 @@ seeds. All runs share one curation, one step-0 policy and its step-0 evaluation,
 ``<ladder>/shared/`` by the same cached tasks as ``dapo run``; a run folder
 ``<ladder>/<rung>/seed-<n>/`` then links to them (relative symlinks, so lineage works as in any
 run folder) and holds only its own steps. The ladder's task is a plain loop over
-``workflows.driver.train_and_report``, so a killed ladder resumes over cache hits like a run.
+``workflows.driver.train_and_report``, so a killed ladder resumes over cache hits like a run. With
+long-lived engines named (``DAPO_ENGINES_RAY_ADDRESS``), the whole ladder is one hosting, as a run is
+(engines/rollout/ray_engines.py: hosted_for_run): its engines are removed at its end, failed or not.
 
 A seed changes the problem order, every rollout seed and the mini-batch shuffling; the
 curation, the step-0 policy and the evaluation's sampling seed stay fixed, so the seeds of a
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.rollout import ray_engines
 from infra.environments import cpu_env
 from storage import run_store
 from storage.run_layout import RunLayout, rung_folder
@@ -189,7 +192,10 @@ async def dapo_ablation(run_config: RunConfig, ladder_dir: str, seeds: list[int]
     root = Path(ladder_dir)
     shared = RunLayout(root / "shared")
     start_run_folder(base, shared)
-    with stage_cores(base):  # pipelined rungs: rollout and training share the cores (driver.stage_cores)
+    # Pipelined rungs: rollout and training share the cores (driver.stage_cores). With long-lived engines
+    # named (settings/rollout.py: EngineHosting), one hosting for the whole ladder, as `dapo run` has for
+    # its run: the shared step-0 work and every rung use the ladder's engines, removed at its end.
+    with stage_cores(base), ray_engines.hosted_for_run(ladder_dir):
         prepared = await prepare_run(base, shared)
         all_rungs = ladder(base)
         results: list[dict[str, Any]] = []

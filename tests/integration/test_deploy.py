@@ -52,13 +52,16 @@ def test_paper_config_resolves_to_cluster_resources(tmp_path: Path) -> None:
     assert "resolved resources for Qwen2.5-32B" in result.stdout
     # the checkpoint hand-off per step and the run's checkpoint storage (infra/handoff.py)
     assert "b) persistent engine actors, fresh train pods (as built with a persistent Ray cluster): 458.7 GB written" \
-        in result.stdout and "d) designed (modelled)" in result.stdout
+        in result.stdout and "e) designed (modelled)" in result.stdout
+    assert "d) persistent engines and train ranks" in result.stdout  # the train host (issue 50)
     assert "c) open-source Flyte, no persistent cluster" in result.stdout  # a fresh RayJob per call (issue 50)
     assert "500 steps keep 2.6 TB of checkpoints" in result.stdout
     payload = json.loads(out.read_text())
     tasks = {row["task"]: row for row in payload["tasks"]}
     # rollout and evaluate are RayJobs: 2 worker pods of 8 GPUs (4 engines x tensor parallel 4)
     assert tasks["dapo-rollout.rollout"]["type"] == "ray"
+    # without --engines-ray-address no pod names a long-lived Ray cluster (tests/integration/test_deploy_engines.py)
+    assert not any(name.startswith("DAPO_ENGINES_") for row in tasks.values() for name in row["env"])
     # each worker pod asks for what the plan computes (8 CPUs per GPU, host memory for 8 weight shards),
     # not a fixed 64 CPUs / 900Gi (infra/sizing.pod_request)
     assert tasks["dapo-rollout.rollout"]["plugin"] == "RayJob vllm-engines: 2 pod(s) x 8 GPU (requests cpu=64, memory=175Gi)"
