@@ -86,7 +86,7 @@ def main() -> None:
         for seed in args.seeds:
             loop = LoopSettings(steps=args.steps or drv.steps, prompts_per_step=drv.prompts_per_step,
                                 prompts_per_round=drv.prompts_per_round, max_rounds=drv.max_rounds,
-                                on_max_rounds=drv.on_max_rounds, seed=seed)
+                                on_max_rounds=drv.on_max_rounds, seed=seed, round_size=drv.round_size)
             r = plan_one(loop, args.pool, group, SCENARIOS[name])
             rows.append({"scenario": name, "seed": seed, **r})
             print(f"{name} | {seed} | {r['rounds_per_step_mean']:.2f} | {r['rounds_per_step_max']} | "

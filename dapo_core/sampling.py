@@ -9,6 +9,10 @@ groups. This module holds the pure pieces:
 * ``DynamicSamplingAccumulator``: collects informative groups over generation rounds, keeps the
   groups beyond the target as surplus for the next step (instead of throwing away paid-for
   generations), counts rounds and stops at ``max_rounds`` with an explicit outcome.
+* ``zero_signal_groups``: how many groups have all-equal rewards (no advantage, no gradient).
+* ``recent_informative_rate`` / ``adaptive_round_prompts``: the size of the next round when rounds
+  follow the measured informative-group rate (``run.round_size: adaptive``) instead of drawing a
+  fixed ``prompts_per_round`` (``fixed``, the default and the paper's over-sampling).
 
 Note on carried surplus: those groups may have been sampled by an earlier checkpoint than the one
 the step updates, so they are off-policy. The driver records each kept group's lag in steps
@@ -36,6 +40,9 @@ __all__ = [
     "DynamicSamplingExhaustedError",
     "DynamicSamplingResult",
     "RoundReport",
+    "adaptive_round_prompts",
+    "recent_informative_rate",
+    "zero_signal_groups",
     "group_filter_reason",
     "group_key",
     "round_group_key",
@@ -216,6 +223,11 @@ class DynamicSamplingAccumulator:
         """True once at least ``target_groups`` informative groups are held."""
         return len(self.informative) >= self.target_groups
 
+    @property
+    def groups_needed(self) -> int:
+        """Informative groups still missing from the batch (0 once full)."""
+        return max(0, self.target_groups - len(self.informative))
+
     def needs_more(self) -> bool:
         """True while the batch is short and another generation round is allowed."""
         return not self.is_full and self.rounds < self.max_rounds
@@ -282,6 +294,69 @@ class DynamicSamplingAccumulator:
             round_reports=list(self.round_reports),
             carried_in=self.carried_in,
         )
+
+
+def zero_signal_groups(group_keys: Sequence[str], rewards: torch.Tensor) -> int:
+    """Groups whose rewards are all equal: zero advantage for every sample (eq. 9), no gradient.
+
+    ``group_keys`` names each of the N responses' group, ``rewards`` ``[N]`` their final rewards.
+    The count TRL logs as ``frac_reward_zero_std`` (times the groups): with the +1/-1 reward it is
+    the all-correct and all-wrong groups, less those the soft overlong penalty (eq. 13) split.
+    """
+    if rewards.dim() != 1 or rewards.shape[0] != len(group_keys):
+        raise ValueError(f"rewards must be [N] with N = {len(group_keys)} group keys, got shape {tuple(rewards.shape)}")
+    low: dict[str, float] = {}
+    high: dict[str, float] = {}
+    for key, value in zip(group_keys, rewards.tolist()):
+        low[key] = min(low.get(key, value), value)
+        high[key] = max(high.get(key, value), value)
+    return sum(1 for key in low if low[key] == high[key])
+
+
+def recent_informative_rate(
+    rounds: Sequence[RoundReport], *, window_groups: int, prior: tuple[int, int]
+) -> tuple[int, int]:
+    """The informative-group rate of the latest rounds, as ``(informative, generated)`` groups.
+
+    Pooled over the newest rounds (newest first) until they hold at least ``window_groups`` groups
+    (all of them if fewer): the rate drifts as the policy learns (more groups all-correct), so old
+    rounds mislead, while one round alone is noisy (96 groups: ~5 points of standard error).
+    Pooling counts, not per-round rates, weighs a small last round by its size. Before any round,
+    ``prior`` (the caller's expected rate as a pair of counts).
+    """
+    if window_groups < 1:
+        raise ValueError(f"window_groups must be >= 1, got {window_groups}")
+    informative = generated = 0
+    for report in reversed(rounds):
+        if generated >= window_groups:
+            break
+        informative += report.informative_groups
+        generated += report.generated_groups
+    return (informative, generated) if generated else prior
+
+
+def adaptive_round_prompts(
+    groups_needed: int, informative: int, generated: int, max_prompts: int, *, last_round: bool = False
+) -> int:
+    """Prompts the next generation round draws: ``ceil(groups_needed / rate)``, enough to fill the
+    batch at the measured rate ``informative / generated``, clamped to
+    ``[min(groups_needed, max_prompts), max_prompts]``.
+
+    Exact in integers (``64`` needed at a rate of ``2/3`` draws ``96``, never ``97``). No informative
+    group measured draws ``max_prompts``; so does the step's ``last_round``: a short last round
+    leaves a partial step (or an exhausted error), while its surplus is carried to the next step,
+    not lost. ``max_prompts`` is ``run.prompts_per_round``, so a round never outgrows the fixed size.
+    """
+    if groups_needed < 1:
+        raise ValueError(f"groups_needed must be >= 1 (a full batch draws no round), got {groups_needed}")
+    if max_prompts < 1:
+        raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
+    if not 0 <= informative <= generated or generated < 1:
+        raise ValueError(f"need 0 <= informative <= generated and generated >= 1, got {informative} of {generated}")
+    if last_round or informative == 0:
+        return max_prompts
+    wanted = -(-groups_needed * generated // informative)  # ceil(groups_needed * generated / informative)
+    return max(min(groups_needed, max_prompts), min(wanted, max_prompts))
 
 
 def _count(reasons: Iterable[str]) -> dict[str, int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from settings.checks import COUNT_MAX, check_fields, in_range
 
 ON_MAX_ROUNDS = ("raise", "train_on_partial")  # DriverConfig.on_max_rounds
+ROUND_SIZES = ("fixed", "adaptive")  # DriverConfig.round_size
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class DriverConfig:
     steps: int = 4  # DAPO training steps (each: rollout rounds -> score -> one train task)
     prompts_per_step: int = 16  # prompts (groups) in one training batch (paper: 512)
     prompts_per_round: int = 24  # prompts generated per rollout round (paper: 3 x 512 over-sampling)
+    round_size: str = "fixed"  # prompts a rollout round draws: "fixed" (always prompts_per_round, the paper's over-sampling) or "adaptive" (enough for the groups still needed at the informative-group rate of the latest rounds, at most prompts_per_round; workflows/step_loop.py: round_prompts)
     max_rounds: int = 4  # generation rounds per step before giving up (dynamic sampling, sec. 3.2)
     on_max_rounds: str = "train_on_partial"  # when rounds run out short: "raise", or "train_on_partial" (train on the groups found; none found: the step is skipped, policy kept, trained_groups=0)
     eval_every_steps: int = 0  # evaluate every N steps (0 = only before and after training)
@@ -39,6 +41,7 @@ class DriverConfig:
             "steps": (in_range(self.steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}]"),
             "prompts_per_step": (in_range(self.prompts_per_step, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
             "prompts_per_round": (in_range(self.prompts_per_round, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            "round_size": (self.round_size in ROUND_SIZES, f"must be one of {list(ROUND_SIZES)}"),
             "max_rounds": (in_range(self.max_rounds, 1, 1 << 20), "must be in [1, 1048576]"),
             "on_max_rounds": (self.on_max_rounds in ON_MAX_ROUNDS, f"must be one of {list(ON_MAX_ROUNDS)}"),
             "eval_every_steps": (in_range(self.eval_every_steps, 0, COUNT_MAX), f"must be in [0, {COUNT_MAX}] (0 = only before and after)"),

@@ -52,7 +52,7 @@ STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps"
 # computed: at that value the field stays out of RunConfig.digest() (a config that leaves it there
 # keeps the digest it had before the field existed), and a run.json that lacks it reads as holding
 # it (workflows/run_binding.py). Any other value is in the digest like every computed field.
-ADDED_AT = {"run.pipelined": False, "rollout.sleep_between_rounds": True}
+ADDED_AT = {"run.pipelined": False, "rollout.sleep_between_rounds": True, "run.round_size": "fixed"}
 
 
 def _stage_classes() -> dict[str, type]:

@@ -160,8 +160,10 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
         return math.nan if batch is None else float(pc.mean(batch.column(column)).as_py())
 
     lags = plan.policy_lags()
+    trained_stats = schemas.StepStats.from_row(trained)
+    groups = sum(s["groups"] for s in round_stats)
     stats = dataclasses.replace(
-        schemas.StepStats.from_row(trained),
+        trained_stats,
         reward_mean=batch_mean("reward"),
         accuracy=generated_mean("accuracy"),
         response_length_mean=batch_mean("response_length"),
@@ -169,6 +171,10 @@ def _step_row(trained: dict[str, Any], batch: Any, plan: StepPlan, train_s: floa
         generation_rounds=plan.result.rounds,
         trained_groups=len(plan.result.kept),
         carried_groups=plan.carried_groups(),
+        samples_generated=samples,
+        # Per sample trained (issue 51): NaN for a step that trained nothing (skipped).
+        over_generation=samples / trained_stats.samples if trained_stats.samples else math.nan,
+        zero_signal_share=sum(s["zero_signal_groups"] for s in round_stats) / groups if groups else math.nan,
         max_policy_lag_steps=max(lags, default=0),
         verdict_timeouts=sum(s["verdict_timeouts"] for s in round_stats),
         verdict_errors=sum(s["verdict_errors"] for s in round_stats),
@@ -568,7 +574,8 @@ async def train_and_report(cfg: RunConfig, layout: RunLayout, prepared: dict[str
     stages = _PipelineStages(cfg, layout, prepared, started=started, live_report=live_report)
     progress.begin(drv.name, drv.steps)
     settings = LoopSettings(steps=drv.steps, prompts_per_step=drv.prompts_per_step, prompts_per_round=drv.prompts_per_round,
-                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed, pipelined=drv.pipelined)
+                            max_rounds=drv.max_rounds, on_max_rounds=drv.on_max_rounds, seed=drv.seed, pipelined=drv.pipelined,
+                            round_size=drv.round_size)
     gc_heap.freeze_long_lived()  # what the steps find (engine, pools) lives as long as they run
     try:
         plans = await run_steps(settings, _problem_ids(stages.train_paths), stages)

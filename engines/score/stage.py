@@ -27,7 +27,7 @@ from dapo_core.rewards import (
     score_responses,
     summarize_verdicts,
 )
-from dapo_core.sampling import REASON_KEPT, group_filter_reason, round_group_key
+from dapo_core.sampling import REASON_KEPT, group_filter_reason, round_group_key, zero_signal_groups
 from engines.score.verifier_pool import process_judge
 from settings.score import ScoreConfig
 
@@ -49,6 +49,7 @@ class ScoreStats:
     samples: int = 0
     groups: int = 0
     informative_groups: int = 0
+    zero_signal_groups: int = 0  # groups whose G rewards are all equal (no advantage, whatever the filter rule)
     accuracy: float = 0.0
     reward_mean: float = 0.0
     truncation_ratio: float = 0.0
@@ -166,7 +167,7 @@ def _scored_columns(
 
 def _score_stats(
     samples: int, verdicts: list[Verdict], rewards: _Rewards, decisions: list[GroupDecision],
-    decision_counts: Counter[str], start: float
+    decision_counts: Counter[str], zero_signal: int, start: float
 ) -> ScoreStats:
     """The step-metric counts of one scoring pass that began at ``start`` (perf_counter)."""
     verdict_counts = summarize_verdicts(verdicts)
@@ -174,6 +175,7 @@ def _score_stats(
         samples=samples,
         groups=len(decisions),
         informative_groups=decision_counts.get(REASON_KEPT, 0),
+        zero_signal_groups=zero_signal,
         accuracy=float(rewards.correct.float().mean()),
         reward_mean=float(rewards.reward.mean()),
         truncation_ratio=float(rewards.truncated.float().mean()),
@@ -222,7 +224,8 @@ def score_table(
     scored = rollouts
     for name, column in _scored_columns(gold, verdicts, rewards, advantages, filter_reason, config).items():
         scored = scored.append_column(name, column)
-    return scored, _score_stats(rollouts.num_rows, verdicts, rewards, decisions, decision_counts, start)
+    zero_signal = zero_signal_groups(group_keys, rewards.reward)
+    return scored, _score_stats(rollouts.num_rows, verdicts, rewards, decisions, decision_counts, zero_signal, start)
 
 
 def score_shards(

@@ -213,7 +213,26 @@ def test_pipelined_is_in_the_digest_but_a_default_config_keeps_its_digest() -> N
     del before["tracking"]
     del before["run"]["pipelined"], before["run"]["keep_optimizer_checkpoints"], before["run"]["keep_weights_every_steps"]
     del before["rollout"]["sleep_between_rounds"]  # added later too (ADDED_AT): computes nothing at True
+    del before["run"]["round_size"]  # added later too (ADDED_AT): "fixed" draws what configs drew before it
     assert sync.digest() == hashlib.sha256(json.dumps(before, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def test_round_size_is_in_the_digest_but_fixed_keeps_the_digest_and_a_bad_value_is_named() -> None:
+    # Adaptive rounds draw other problems (other rollout inputs, other batches): another run, so
+    # another digest, and a run folder bound to one refuses the other (workflows/run_binding.py).
+    from workflows.run_binding import refusing_changes
+
+    fixed = load_config(REPO / "configs" / "tiny-cpu.yaml")
+    adaptive = load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.round_size=adaptive"])
+    assert fixed.run.round_size == "fixed" and adaptive.run.round_size == "adaptive"
+    assert adaptive.digest() != fixed.digest()
+    assert fixed.digest() == load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.round_size=fixed"]).digest()
+    recorded = fixed.to_dict()
+    del recorded["run"]["round_size"]  # a run.json written before the field: it drew fixed rounds
+    assert refusing_changes(recorded, fixed.to_dict()) == []
+    assert refusing_changes(recorded, adaptive.to_dict()) == [("run.round_size", "fixed", "adaptive")]
+    with pytest.raises(ConfigError, match=r"^--set run\.round_size=elastic: run\.round_size=.*must be one of \['fixed', 'adaptive'\]"):
+        load_config(REPO / "configs" / "tiny-cpu.yaml", ["run.round_size=elastic"])
 
 
 def test_pipelined_retention_keeps_the_policy_the_next_rollouts_use() -> None:

@@ -85,7 +85,7 @@ def test_arrow_schemas_match_the_architecture_contract() -> None:
     assert metrics.field("generation_rounds").type == pa.int32() and metrics.field("lr").type == pa.float64()
     assert metrics.field("trained_groups").type == pa.int32() and metrics.field("max_policy_lag_steps").type == pa.int32()
     assert metrics.field("policy_lag_max").type == pa.int32()
-    assert len(metrics) == 36
+    assert len(metrics) == 39  # + samples_generated, over_generation, zero_signal_share (issue 51)
     ev = arrow_schema(EvalResult)
     assert ev.field("k").type == pa.int32() and ev.field("avg_at_k").type == pa.float64()
     assert ev.field("pass_at_k").type == pa.bool_() and ev.field("seed").type == pa.int64()

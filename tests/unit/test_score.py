@@ -94,3 +94,12 @@ def test_score_stats_carry_the_group_decisions_the_shard_holds(dynamic_sampling:
     assert got == _groups_from_shard(scored)
     assert [pid for _, _, pid in got] == [PID_B, PID_A]
     assert len(got) == stats.groups
+
+
+def test_zero_signal_groups_are_the_groups_with_all_equal_rewards_whatever_the_filter_rule() -> None:
+    # A: both correct, one penalised (9 tokens: 1 - 0.75) -> "all_correct" by eq. 11, but its rewards
+    # differ, so it has signal; B: both wrong, equal rewards -> zero signal (TRL's frac_reward_zero_std).
+    rollouts = _rollouts(["Answer: 34", "Answer: 34"], ["Answer: 8", "Answer: 9"], lengths=[4, 9, 4, 4])
+    _, stats = score_table(rollouts, PROBLEMS, max_response_tokens=10, config=ScoreConfig(overlong_buffer_tokens=4))
+    assert stats.decisions == {"all_correct": 1, "all_wrong": 1} and stats.informative_groups == 0
+    assert stats.zero_signal_groups == 1

@@ -30,7 +30,8 @@ TODAYS_COLUMNS = [
     ("clip_frac_low", F64), ("clip_frac_high", F64), ("dual_clip_frac", F64), ("approx_kl", F64),
     ("grad_norm", F64), ("lr", F64), ("tokens", I64), ("samples", I64), ("masked_samples", I64),
     ("reward_mean", F64), ("accuracy", F64), ("response_length_mean", F64), ("truncation_ratio", F64),
-    ("generation_rounds", I32), ("trained_groups", I32), ("carried_groups", I32), ("max_policy_lag_steps", I32),
+    ("generation_rounds", I32), ("trained_groups", I32), ("carried_groups", I32), ("samples_generated", I64),
+    ("over_generation", F64), ("zero_signal_share", F64), ("max_policy_lag_steps", I32),
     ("policy_lag_mean", F64), ("policy_lag_max", I32), ("stale_sample_fraction", F64),
     ("logprob_mismatch_mean_abs", F64), ("logprob_mismatch_max_abs", F64),
     ("logprob_mismatch_on_policy_mean_abs", F64), ("logprob_mismatch_on_policy_max_abs", F64),
@@ -146,10 +147,10 @@ def test_the_driver_fills_the_skipped_steps_row_from_the_record(monkeypatch: pyt
 
     monkeypatch.setattr(driver.checkpoints, "read_info", lambda _: SimpleNamespace(checkpoint_id="train-0001-aa"))
     trained = driver._skipped_step(2, "/ckpt")
-    rounds = [{"samples": 4, "accuracy": 0.5, "truncation_ratio": 0.25, "verdict_timeouts": 1, "verdict_errors": 0,
-               "time_rollout_s": 2.0, "time_score_s": 0.5},
-              {"samples": 12, "accuracy": 0.25, "truncation_ratio": 0.0, "verdict_timeouts": 0, "verdict_errors": 2,
-               "time_rollout_s": 3.0, "time_score_s": 1.5}]
+    rounds = [{"samples": 4, "groups": 2, "zero_signal_groups": 1, "accuracy": 0.5, "truncation_ratio": 0.25,
+               "verdict_timeouts": 1, "verdict_errors": 0, "time_rollout_s": 2.0, "time_score_s": 0.5},
+              {"samples": 12, "groups": 6, "zero_signal_groups": 6, "accuracy": 0.25, "truncation_ratio": 0.0,
+               "verdict_timeouts": 0, "verdict_errors": 2, "time_rollout_s": 3.0, "time_score_s": 1.5}]
     plan = SimpleNamespace(round_stats=rounds, result=SimpleNamespace(rounds=2, kept=[]), carried_groups=lambda: 0,
                            policy_lags=lambda: [])
     row = driver._step_row(trained, None, plan, train_s=0.75)
@@ -159,4 +160,32 @@ def test_the_driver_fills_the_skipped_steps_row_from_the_record(monkeypatch: pyt
     assert (row["generation_rounds"], row["trained_groups"], row["verdict_timeouts"], row["verdict_errors"]) == (2, 0, 1, 2)
     assert (row["time_rollout_s"], row["time_score_s"], row["time_train_s"]) == (5.0, 2.0, 0.75)
     assert math.isnan(row["loss"]) and math.isnan(row["reward_mean"]) and row["tokens"] == 0
+    # 16 samples generated, none trained: no ratio; 7 of the 8 groups had all-equal rewards
+    assert row["samples_generated"] == 16 and math.isnan(row["over_generation"]) and row["zero_signal_share"] == 7 / 8
     schemas.validate_table(pa.Table.from_pylist([row], schema=schemas.arrow_schema(schemas.StepMetrics)), schemas.StepMetrics)
+
+
+def test_the_driver_records_sample_use_per_step_and_the_page_and_trackers_show_it() -> None:
+    """Samples generated, generated per sample trained (carried surplus counts as trained, so a step
+    can be below 1) and the zero-signal share of the step's generated groups (all-equal rewards,
+    TRL's frac_reward_zero_std): in the row, on the run page by their declared units, and tracked."""
+    from types import SimpleNamespace
+
+    from workflows import driver
+
+    trained = publish._step_metrics_row(3, "train-0003-abcd", "train-0002-ef01", _worker(), time_train_s=1.5)  # 8 samples
+    rounds = [{"samples": 12, "groups": 3, "zero_signal_groups": 1, "accuracy": 0.5, "truncation_ratio": 0.0,
+               "verdict_timeouts": 0, "verdict_errors": 0, "time_rollout_s": 1.0, "time_score_s": 0.5}]
+    plan = SimpleNamespace(round_stats=rounds, result=SimpleNamespace(rounds=1, kept=[("g", None)] * 2),
+                           carried_groups=lambda: 0, policy_lags=lambda: [0, 0])
+    row = driver._step_row(trained, None, plan, train_s=1.5)
+    assert (row["samples_generated"], row["over_generation"], row["zero_signal_share"]) == (12, 1.5, 1 / 3)
+    carried_only = SimpleNamespace(round_stats=[], result=SimpleNamespace(rounds=0, kept=[("g", None)] * 2),
+                                   carried_groups=lambda: 2, policy_lags=lambda: [1, 1])
+    row = driver._step_row(trained, None, carried_only, train_s=1.5)
+    assert row["samples_generated"] == 0 and row["over_generation"] == 0.0 and math.isnan(row["zero_signal_share"])
+    columns = {c.key: c for c in run_report.step_columns()}
+    assert columns["zero_signal_share"].fmt(0.25) == "25.0%" and columns["over_generation"].fmt(1.5) == "1.5"
+    assert columns["samples_generated"].fmt(12288) == "12,288"
+    assert {STEP_GROUPS[k] for k in ("samples_generated", "over_generation", "zero_signal_share")} == {"sampling"}
+    assert step_scalars(row)["sampling/samples_generated"] == 0 and "sampling/zero_signal_share" not in step_scalars(row)
