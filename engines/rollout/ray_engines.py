@@ -10,7 +10,8 @@ in-process engine uses (engines/rollout/vllm_engine.py: get_engine). Every reque
 seed, so which engine (warm, reloaded or fresh) samples a request changes nothing it samples.
 
 Detached actors outlive their creator by design: a run removes its own at its end (``release``,
-``hosted_for_run``), and ``dapo engines release`` removes a namespace's by hand after a crash.
+``hosted_for_run``), and ``dapo engines release`` removes a namespace's by hand after a crash; both remove
+the namespace's train host too (engines/train/ray_host.py), the warm training group kept beside the engines.
 """
 
 from __future__ import annotations
@@ -19,24 +20,14 @@ import contextlib
 import hashlib
 import os
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
+from engines.runtime import ray_actors
+from engines.runtime.ray_actors import attach, forget  # noqa: F401  (the engines' callers use them from here)
 from settings.rollout import EngineHosting
 
-ENGINE_NAME = "rollout-engine-{index}-tp{gpus}"  # {gpus}: GPUs per engine, so a new shape never reuses an old actor
-_NAME_RELEASE_S = 30.0  # how long a killed actor's name may take to become free again
-
-
-def attach(hosting: EngineHosting) -> None:
-    """Join the long-lived cluster ``hosting`` names (once per process; a process already attached
-    stays where it is, e.g. through RAY_ADDRESS on a cluster's Ray head)."""
-    import ray
-
-    if not ray.is_initialized():
-        address = None if hosting.ray_address == "auto" and os.environ.get("RAY_ADDRESS") else hosting.ray_address
-        ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+ENGINE_NAME = ray_actors.ENGINE_PREFIX + "{index}-tp{gpus}"  # {gpus}: GPUs per engine, so a new shape never reuses an old actor
 
 
 def run_namespace(run_dir: str) -> str:
@@ -48,46 +39,19 @@ def run_namespace(run_dir: str) -> str:
 
 def named_actors(actor_class: type, count: int, gpus_per_engine: int, namespace: str) -> list[tuple[str, Any]]:
     """``(name, handle)`` of engines 0..count-1 in ``namespace``: the live actor of each name, else a new
-    detached one (``get_if_exists``: two tasks asking at once get the same actor, never two)."""
-    import ray
-
-    remote = ray.remote(num_gpus=gpus_per_engine)(actor_class)
-    found = []
-    for index in range(count):
-        name = ENGINE_NAME.format(index=index, gpus=gpus_per_engine)
-        handle = remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
-                                max_restarts=0).remote()
-        found.append((name, handle))
-    return found
-
-
-def forget(name: str, namespace: str) -> None:
-    """Kill the actor of ``name`` (dead or not) and wait until the name is free, so the next lookup starts
-    a fresh actor instead of returning the dead one."""
-    import ray
-
-    deadline = time.monotonic() + _NAME_RELEASE_S
-    while time.monotonic() < deadline:
-        try:
-            handle = ray.get_actor(name, namespace=namespace)
-        except ValueError:  # no live actor of that name
-            return
-        ray.kill(handle, no_restart=True)
-        time.sleep(0.1)
-    raise TimeoutError(f"Ray actor {namespace}/{name} still registered {_NAME_RELEASE_S:.0f} s after it was killed")
+    detached one (engines/runtime/ray_actors.py: named)."""
+    names = [ENGINE_NAME.format(index=index, gpus=gpus_per_engine) for index in range(count)]
+    return [(name, ray_actors.named(actor_class, name, namespace, num_gpus=gpus_per_engine)) for name in names]
 
 
 def release(hosting: EngineHosting) -> list[str]:
-    """Kill every engine actor of the hosting's namespace; returns their names (none: nothing to do).
-    Attaches to the cluster only when it is set; a process not attached and a hosting without an address
-    have nothing to release."""
+    """Kill every hosted actor of the hosting's namespace (the engines and the train host,
+    engines/train/ray_host.py); returns their names (none: nothing to do). Attaches to the cluster only
+    when it is set; a hosting without an address has nothing to release."""
     if not hosting.persistent:
         return []
-    import ray
-
     attach(hosting)
-    names = sorted(entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-                   if entry["namespace"] == hosting.ray_namespace and entry["name"].startswith("rollout-engine-"))
+    names = ray_actors.hosted_names(hosting.ray_namespace)
     for name in names:
         forget(name, hosting.ray_namespace)
     return names
@@ -95,8 +59,8 @@ def release(hosting: EngineHosting) -> list[str]:
 
 @contextlib.contextmanager
 def hosted_for_run(run_dir: str, hosting: EngineHosting | None = None) -> Iterator[EngineHosting]:
-    """For the length of a run: its engines in its own namespace, all removed when the run ends, failed or
-    not. The namespace is the one the environment names, else the run's (``run_namespace``), exported to
+    """For the length of a run: its engines and train host in its own namespace, all removed when the run
+    ends, failed or not. The namespace is the one the environment names, else the run's (``run_namespace``), exported to
     this process's rollout calls and the processes it starts (a cluster's task pods get theirs from their
     deployment: name one there). Without a Ray address it changes nothing and yields the hosting as it is."""
     hosting = hosting if hosting is not None else EngineHosting.from_environ(os.environ)

@@ -5,7 +5,9 @@ SPEC.json`` (each step its own process group), or a warm worker group kept betwe
 (engines/train/server.py) that later steps send requests to. A step's output is built in a hidden
 staging folder and published by rename; a step already published from the same config and batch
 is reused (engines/train/publish.py). The Flyte task (tasks/train.py) and ``dapo train`` call
-:func:`train_step_in_store`."""
+:func:`train_step_in_store`. With a long-lived Ray cluster named (settings/rollout.py: EngineHosting)
+the warm group lives in the train host instead, a named actor that outlives the task process and runs
+this same function there (engines/train/ray_host.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from engines.train.publish import (
     train_code_version,
 )
 from engines.train.spec import DS_META_FILE, DS_STATE_DIR
+from settings.rollout import EngineHosting
 from settings.train import TrainConfig
 from storage import checkpoints, outputs, run_store
 
@@ -101,11 +104,27 @@ _REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "start_updates", "ste
 _NOT_ENGINE_FIELDS = ("timeout_s", "keep_workers_warm")
 
 
+def engine_key(config: TrainConfig) -> str:
+    """The settings a warm group's engine is built from (JSON): another key needs another group."""
+    return json.dumps({k: v for k, v in asdict(config).items() if k not in _NOT_ENGINE_FIELDS}, sort_keys=True)
+
+
 def _group_key(config: TrainConfig, env: dict[str, str]) -> str:
-    """Everything a warm group's engine is built from: another key needs another group."""
-    engine = {k: v for k, v in asdict(config).items() if k not in _NOT_ENGINE_FIELDS}
+    """Everything a warm group's engine is built from, its launch environment included."""
     launch = {k: env.get(k) for k in ("OMP_NUM_THREADS", "DS_ACCELERATOR", "PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
-    return json.dumps({"config": engine, "env": launch, "python": sys.executable}, sort_keys=True)
+    return json.dumps({"config": engine_key(config), "env": launch, "python": sys.executable}, sort_keys=True)
+
+
+def _hosted(config: TrainConfig, hosting: EngineHosting | None) -> EngineHosting | None:
+    """The hosting whose train host runs this process's warm steps, or None: they run here. A warm group
+    on a long-lived cluster (a Ray address named) lives in the train host; cold steps always run here."""
+    hosting = hosting if hosting is not None else EngineHosting.from_environ(os.environ)
+    return hosting if hosting.persistent and config.keep_workers_warm else None
+
+
+def rank_threads(num_processes: int) -> str:
+    """The OpenMP threads this process gives each rank (the train host's ranks get the same)."""
+    return _worker_env(num_processes)["OMP_NUM_THREADS"]
 
 
 def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: TrainConfig, step: int,
@@ -155,8 +174,10 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
     return metrics, extra, group
 
 
-def start_workers(config: TrainConfig) -> None:
-    """Start this process's warm worker group for ``config`` now and return at once.
+def start_workers(config: TrainConfig, *, hosting: EngineHosting | None = None) -> None:
+    """Start this process's warm worker group for ``config`` now and return at once (with a long-lived
+    Ray cluster named, the train host's group: engines/train/ray_host.py; ``hosting`` None: the one the
+    environment names).
 
     The ranks import torch, DeepSpeed and transformers (and what the first engine build would
     import, engines/train/worker.py: _preload), join their process group and wait for the first
@@ -168,6 +189,12 @@ def start_workers(config: TrainConfig) -> None:
     left to the first step (which starts one, or runs cold).
     """
     if not config.keep_workers_warm:
+        return
+    hosted = _hosted(config, hosting)
+    if hosted is not None:
+        from engines.train import ray_host
+
+        ray_host.start_workers(start_workers, config, engine_key(config), rank_threads(config.num_processes), hosted)
         return
     env = _worker_env(config.num_processes)
     # The engine is built per request, and every request carries all of _REQUEST_FIELDS: the base
@@ -379,6 +406,7 @@ def train_step_in_store(
     *,
     step: int,
     config: TrainConfig,
+    hosting: EngineHosting | None = None,
 ) -> TrainStepResult:
     """``train_step`` where the run store may be an object store (storage/run_store.py).
 
@@ -389,7 +417,17 @@ def train_step_in_store(
     the checkpoint's digest record, written when the pipeline published it, vouches for it
     (engines/train/checkpoint.py: resumes_optimizer_state); asked to resume one that it does not
     vouch for, the step is refused (:func:`schedule_start`).
+
+    ``hosting`` (None: the one the environment names): with a Ray address and warm workers, the step runs
+    on the train host, which calls this function with a local hosting (engines/train/ray_host.py).
     """
+    hosted = _hosted(config, hosting)
+    if hosted is not None:
+        from engines.train import ray_host
+
+        call = ray_host.HostedStep(checkpoint_dir, list(scored_shards), out_dir, step, config, engine_key(config),
+                                   rank_threads(config.num_processes))
+        return ray_host.train_step(train_step_in_store, call, hosted)
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):

@@ -8,8 +8,9 @@ when the parent is the checkpoint it last published; otherwise it rebuilds from 
 launch does, and every step still publishes its full checkpoint. A group that is dead or silent
 past ``ACK_TIMEOUT_S`` raises ``GroupUnavailable`` and the caller runs that step cold, with a warning.
 
-Design notes (the mailbox, exactness, lifecycle): docs/WARM_ENGINES.md,
-"Warm training group (engines/train/server.py)".
+The owner is the process that calls ``acquire``: the driver's locally, or the train host's, a named
+Ray actor that outlives each task (engines/train/ray_host.py). Design notes (the mailbox, exactness,
+lifecycle): docs/WARM_ENGINES.md, "Warm training group (engines/train/server.py)".
 """
 
 from __future__ import annotations

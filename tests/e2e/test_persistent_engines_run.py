@@ -1,11 +1,13 @@
 """The main job's pipeline with long-lived engine actors: the same checkpoints as the plain local run.
 
 `dapo run` of a short run (tests/e2e/test_cluster_shape.py's config at 2 steps: two engines, two
-training ranks) twice: plain (in-process engine), and with ``DAPO_ENGINES_RAY_ADDRESS`` naming a
-two-node ``ray.cluster_utils.Cluster`` (one logical GPU per node), where every rollout and evaluation
-round runs on the run's named, detached engine actors (engines/rollout/ray_engines.py). The checkpoint
-ids and held-out results must be equal, bit for bit; every round's manifest must name the long-lived
-engines; and when the run ends no engine actor of its namespace may be left on the cluster.
+training ranks kept warm) twice: plain (in-process engine, the warm DeepSpeed group in the driver), and
+with ``DAPO_ENGINES_RAY_ADDRESS`` naming a two-node ``ray.cluster_utils.Cluster`` (one logical GPU per
+node), where every rollout and evaluation round runs on the run's named, detached engine actors
+(engines/rollout/ray_engines.py) and every training step on its train host (engines/train/ray_host.py).
+The checkpoint ids and held-out results must be equal, bit for bit; every round's manifest must name the
+long-lived engines; step 2 must continue the train host's group in memory, a group the driver never
+started; and when the run ends no actor of its namespace may be left on the cluster.
 """
 
 from __future__ import annotations
@@ -23,15 +25,18 @@ import pytest
 from tests.ray_nodes import two_gpu_nodes
 
 import schemas
+from engines.train.publish import TIMINGS_FILE
 from storage import checkpoints, run_store
 from storage.run_layout import RunLayout
 from tests.e2e.test_cluster_shape import CONFIG as SHAPE_CONFIG
 from tests.e2e.test_pipeline import DAPO, REPO, _env
+from workflows.run_output import LOG_NAME
 
 pytestmark = pytest.mark.slow
 
 STEPS = 2
-CONFIG = [item for item in SHAPE_CONFIG if not item.startswith("run.steps=")] + [f"run.steps={STEPS}"]
+CONFIG = [item for item in SHAPE_CONFIG if not item.startswith(("run.steps=", "train.keep_workers_warm="))] + [
+    f"run.steps={STEPS}", "train.keep_workers_warm=true"]  # warm: the persistent run's steps go to the train host
 
 
 def _dapo_run(root: Path, env: dict[str, str]) -> RunLayout:
@@ -48,7 +53,10 @@ def _dapo_run(root: Path, env: dict[str, str]) -> RunLayout:
 def _outcome(layout: RunLayout) -> dict[str, Any]:
     ids = [checkpoints.read_info(layout.checkpoint(step)).checkpoint_id for step in range(STEPS + 1)]
     evals = {step: schemas.read_shard(layout.eval_shard(step), schemas.EvalResult) for step in (0, STEPS)}
-    return {"ids": ids, "evals": evals}
+    timings = json.loads(run_store.read_text(run_store.join(layout.checkpoint(STEPS), TIMINGS_FILE)))
+    # The driver's own warm group writes its start into the run's log (engines/train/server.py: WorkerLog).
+    driver_group = "warm group of" in (run_store.local_path(layout.root) / LOG_NAME).read_text()
+    return {"ids": ids, "evals": evals, "continued": timings["continued_in_memory"], "driver_group": driver_group}
 
 
 def _plain_env() -> dict[str, str]:
@@ -79,6 +87,9 @@ def test_a_run_on_long_lived_engine_actors_gives_the_plain_runs_checkpoints_and_
     warm = _outcome(layout)
 
     assert warm["ids"] == plain["ids"]
+    # Step 2 continued a warm group in memory in both runs: the driver's own, or the train host's.
+    assert (plain["continued"], plain["driver_group"]) == (1.0, True)
+    assert (warm["continued"], warm["driver_group"]) == (1.0, False)
     for step, table in plain["evals"].items():
         assert warm["evals"][step].equals(table), f"held-out results of step {step} differ"
     for step in range(1, STEPS + 1):
@@ -87,7 +98,7 @@ def test_a_run_on_long_lived_engine_actors_gives_the_plain_runs_checkpoints_and_
         for manifest in manifests:
             record = json.loads(run_store.read_text(manifest))
             assert (record["engine_backend"], record["engines"]) == ("ray-persistent", 2), manifest
-    # The cluster is this test's alone: after the run, no engine actor in any namespace.
+    # The cluster is this test's alone: after the run, no engine actor or train host in any namespace.
     left = ray.util.list_named_actors(all_namespaces=True)
-    assert left == [], f"the run left engine actors behind: {left}"
+    assert left == [], f"the run left actors behind: {left}"
     assert os.environ.get(ENGINES_RAY_ADDRESS_ENV) is None

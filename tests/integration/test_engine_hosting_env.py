@@ -21,6 +21,8 @@ COMMANDS = {
     "rollout": ["rollout", str(POLICY), "{root}/problems", "--out", "{root}/r.parquet"],
     "eval": ["eval", str(POLICY), "{root}/problems", "--out", "{root}/e.parquet"],
     "ask": ["ask", str(POLICY), "1+2"],
+    # Its warm group lives in the train host with the address set (engines/train/ray_host.py).
+    "train": ["train", str(POLICY), "{root}/scored.parquet", "--out", "{root}/ckpt", "--step", "1"],
 }
 BAD = {ENGINES_RAY_ADDRESS_ENV: "head", ENGINES_NAMESPACE_ENV: "two words"}
 

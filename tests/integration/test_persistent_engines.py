@@ -8,10 +8,17 @@ environment), the engines are named, detached actors: they must outlive each tas
 next checkpoint by in-place reload, come back from kill -9 (between calls and during one) by a fresh
 actor started from the checkpoint the call names, and write the same shards, byte for byte, as the
 in-process engine of a process without the hosting. A run's end removes its engines.
+
+The train host (engines/train/ray_host.py) on the same cluster: training steps from separate task
+processes (tests/integration/train_task_main.py, what tasks/train.py runs) continue its warm DeepSpeed
+group in memory, a kill -9 of the actor or of a rank makes the next step run from the published
+checkpoint, and every step gives the checkpoint id of the plain local run. A run's end and
+``dapo engines release`` remove it with the engines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -34,8 +41,10 @@ ray = pytest.importorskip("ray")
 import schemas
 from dapo_core.answers import problem_id
 from engines.rollout import ray_engines
+from engines.runtime import ray_actors
 from readers.synthetic import make_problem
 from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV, EngineHosting
+from settings.train import TrainConfig
 
 # The helpers this module runs inside the actors (``_ask``) travel by value: the actors cannot
 # import a test module.
@@ -45,6 +54,7 @@ pytestmark = pytest.mark.slow  # vLLM engines in fresh processes and Ray actors:
 
 REPO = Path(__file__).resolve().parents[2]
 TASK_MAIN = Path(__file__).with_name("rollout_task_main.py")
+TRAIN_TASK_MAIN = Path(__file__).with_name("train_task_main.py")
 CONFIG = {"samples_per_prompt": 4, "max_response_tokens": 16, "cpu_threads": 1}
 ENGINES = ["rollout-engine-0-tp1", "rollout-engine-1-tp1"]
 
@@ -187,13 +197,13 @@ def test_kill_9_of_an_engine_between_and_during_calls_restarts_it_from_the_named
 
 
 class _Idle:
-    """A stand-in engine actor (no vLLM): what a run's end must remove."""
+    """A stand-in engine actor or train host (no vLLM, no DeepSpeed): what a run's end must remove."""
 
     def where(self) -> int:
         return os.getpid()
 
 
-def test_a_runs_end_removes_its_engines_even_when_the_run_fails(cluster: Any, tmp_path: Path) -> None:
+def test_a_runs_end_removes_its_engines_and_train_host_even_when_the_run_fails(cluster: Any, tmp_path: Path) -> None:
     run_dir = str(tmp_path / "runs" / "tiny")
     namespace = ray_engines.run_namespace(run_dir)
     before = {key: os.environ.get(key) for key in (ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)}
@@ -201,9 +211,135 @@ def test_a_runs_end_removes_its_engines_even_when_the_run_fails(cluster: Any, tm
         with ray_engines.hosted_for_run(run_dir, EngineHosting(ray_address=cluster.address)) as hosting:
             assert hosting.namespace == namespace
             assert EngineHosting.from_environ(os.environ) == hosting  # what this run's rollout calls see
-            actors = ray_engines.named_actors(_Idle, 2, 0, namespace)
-            ray.get([actor.where.remote() for _, actor in actors])
-            assert _namespace_actors(namespace) == ["rollout-engine-0-tp0", "rollout-engine-1-tp0"]
+            actors = [actor for _, actor in ray_engines.named_actors(_Idle, 2, 0, namespace)]
+            actors.append(ray_actors.named(_Idle, "train-group-0123456789ab", namespace, num_gpus=0, num_cpus=0))
+            ray.get([actor.where.remote() for actor in actors])
+            assert _namespace_actors(namespace) == ["rollout-engine-0-tp0", "rollout-engine-1-tp0",
+                                                    "train-group-0123456789ab"]
             raise RuntimeError("a step failed")
     assert _namespace_actors(namespace) == []
     assert {key: os.environ.get(key) for key in before} == before
+
+
+def test_dapo_engines_release_removes_the_train_host_too(cluster: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main as dapo_main
+
+    hosting = _hosting(cluster)
+    ray.get(ray_actors.named(_Idle, "train-group-0123456789ab", hosting.namespace, num_gpus=0, num_cpus=0).where.remote())
+    assert dapo_main(["engines", "release", "--namespace", hosting.namespace, "--ray-address", cluster.address]) == 0
+    assert "train-group-0123456789ab" in capsys.readouterr().out
+    assert _namespace_actors(hosting.namespace) == []
+
+
+# --- the train host (engines/train/ray_host.py) --------------------------------------------------------
+
+TRAIN = TrainConfig(num_processes=1, micro_batch_samples=4, updates_per_step=2, lr=3e-3, warmup_steps=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def train_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny step-0 checkpoint and the batches of steps 1-3 (tests/integration/train_fixtures.py)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from train_fixtures import random_batch, write_scored
+
+    from engines.bootstrap.tiny_policy import build_random_checkpoint
+
+    folder = tmp_path_factory.mktemp("train-inputs")
+    ck0 = build_random_checkpoint(folder / "ck0", seed=0, num_layers=2, hidden_size=32, num_heads=2)
+    vocab = json.loads((ck0 / "config.json").read_text())["vocab_size"]
+    shards = {step: str(write_scored(folder / f"batch{step}.parquet", random_batch(step, 8, vocab=vocab)))
+              for step in (1, 2, 3)}
+    return {"ck0": str(ck0), "shards": shards}
+
+
+@pytest.fixture(scope="module")
+def local_ids(train_inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Steps 1-3's checkpoint ids from the plain local run: the warm group of this process, no hosting."""
+    from engines.train import server as train_server
+    from engines.train.launch import train_step_in_store
+
+    folder, parent, ids = tmp_path_factory.mktemp("train-local"), train_inputs["ck0"], []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # as the task processes below
+        for step in (1, 2, 3):
+            result = train_step_in_store(parent, [train_inputs["shards"][step]], str(folder / f"s{step}"), step=step,
+                                         config=TRAIN, hosting=EngineHosting())
+            ids.append(result.checkpoint_id)
+            parent = result.checkpoint_dir
+    train_server.stop_active()
+    return ids
+
+
+def _train_task(train_inputs: dict[str, Any], step: int, parent: str, out: Path, hosting: EngineHosting) -> dict[str, Any]:
+    """One train task in a fresh process, its hosting from its environment."""
+    args = {"checkpoint": parent, "shards": [train_inputs["shards"][step]], "out": str(out), "step": step,
+            "config": dataclasses.asdict(TRAIN)}
+    spec = out.with_suffix(".args.json")
+    spec.write_text(json.dumps(args))
+    proc = subprocess.run([sys.executable, str(TRAIN_TASK_MAIN), str(spec)], cwd=REPO, env=_task_env(hosting),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"train task failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _hosted_step(train_inputs: dict[str, Any], step: int, parent: str, out: Path, hosting: EngineHosting) -> Any:
+    """One train step from this process (another task process than the previous step's)."""
+    from engines.train.launch import train_step_in_store
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        return train_step_in_store(parent, [train_inputs["shards"][step]], str(out), step=step, config=TRAIN,
+                                   hosting=hosting)
+
+
+def _wait_gone(pids: list[int], timeout_s: float = 15.0) -> bool:
+    """True once none of ``pids`` runs (a zombie counts as gone)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+            except OSError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_train_host_keeps_the_warm_group_across_task_processes_and_comes_back_from_kill_9(
+    cluster: Any, train_inputs: dict[str, Any], local_ids: list[str], tmp_path: Path
+) -> None:
+    from engines.train import ray_host
+    from engines.train.launch import engine_key
+
+    hosting, key = _hosting(cluster), engine_key(TRAIN)
+    try:
+        first = _train_task(train_inputs, 1, train_inputs["ck0"], tmp_path / "s1", hosting)
+        second = _train_task(train_inputs, 2, str(tmp_path / "s1"), tmp_path / "s2", hosting)
+        assert [first["checkpoint_id"], second["checkpoint_id"]] == local_ids[:2]
+        host = ray_host.status(key, hosting)
+        assert host.pid not in (first["pid"], second["pid"])  # the group outlived both task processes
+        assert (host.steps, host.history) == (2, ["reloaded", "continued"])
+        assert second["continued_in_memory"] == 1.0
+
+        os.kill(host.pid, signal.SIGKILL)  # the actor, between steps: its ranks go with it
+        assert _wait_gone(host.rank_pids)
+        third = _hosted_step(train_inputs, 3, str(tmp_path / "s2"), tmp_path / "s3", hosting)
+        assert third.checkpoint_id == local_ids[2]
+        fresh = ray_host.status(key, hosting)
+        assert fresh.pid != host.pid and (fresh.steps, fresh.history) == (1, ["reloaded"])
+
+        os.kill(fresh.rank_pids[-1], signal.SIGKILL)  # a rank, between steps: that step runs cold on the host
+        with pytest.warns(RuntimeWarning, match="ran with a cold launch on the host"):
+            again = _hosted_step(train_inputs, 3, str(tmp_path / "s2"), tmp_path / "s3-again", hosting)
+        assert again.checkpoint_id == local_ids[2]
+        assert (again.timings["warm_fallback"], ray_host.status(key, hosting).pid) == (1.0, fresh.pid)
+    finally:
+        released = ray_engines.release(hosting)
+    assert released == [ray_host.host_name(key)]
+    assert _namespace_actors(hosting.namespace) == []

@@ -1,0 +1,162 @@
+"""The train host: the warm DeepSpeed worker group in a named, detached Ray actor that outlives each task.
+
+Locally the driver's process owns the warm worker group (engines/train/server.py) and every step of the run
+reaches it. On a cluster every train task is a process of its own, and a group it owned would die with it. With
+``EngineHosting.ray_address`` set (settings/rollout.py) and ``TrainConfig.keep_workers_warm``, a train task
+therefore hands its step to the *train host*: a detached actor named ``train-group-<digest of the engine's
+settings>`` in the hosting's namespace, found by name (``get_if_exists``) and started only when none lives.
+The actor's process is the group's owner, exactly as the driver's is locally: it runs
+``engines/train/launch.py: train_step_in_store`` with a local hosting, so the mailbox protocol, the exactness
+rule (continue from memory only from the checkpoint this group last published), the cold fallback of a dead
+group (``GroupUnavailable``) and the publishing of every step are the same code, on another host.
+
+Failure: the ranks exit when their owner (the actor) is gone (engines/train/worker.py watches its pid). An
+actor found dead by the next step (kill -9, a lost node) is forgotten and a fresh one takes its name; its new
+group builds the engine from the published parent, as a cold launch does, so the ids are the same. A step whose
+actor dies during the call runs once more on a fresh actor (a step it published already is reused:
+engines/train/publish.py: reusable_step); twice: ``TrainStepError``. Removal with the engines: a run's
+``hosted_for_run`` and ``dapo engines release`` (engines/rollout/ray_engines.py: release). Design notes:
+docs/WARM_ENGINES.md, "Train host".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from engines.runtime import ray_actors
+from engines.train.publish import TrainStepError, TrainStepResult
+from settings.rollout import EngineHosting
+from settings.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class HostedStep:
+    """One training step as a task hands it to the train host (the arguments of ``train_step_in_store``)."""
+
+    checkpoint_dir: str
+    scored_shards: list[str]
+    out_dir: str
+    step: int
+    config: TrainConfig
+    engine_key: str  # launch.engine_key(config): names the host, one per engine settings
+    rank_threads: str  # OMP_NUM_THREADS the task would give its ranks: the host's ranks compute alike
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """Where a train host runs and what its group did (tests, diagnostics)."""
+
+    pid: int
+    node_id: str
+    steps: int  # steps this actor ran
+    history: list[str] = field(default_factory=list)  # its group's "continued" / "reloaded", one per request
+    rank_pids: list[int] = field(default_factory=list)  # torchrun and its ranks; empty without a group
+
+
+class TrainHost:
+    """The actor: owns this process's warm worker group and runs each step on it, one at a time.
+
+    ``run`` and ``start`` are launch.py's ``train_step_in_store`` and ``start_workers``, handed over by
+    reference (this module sits below launch.py, which calls it), and called here with a local hosting."""
+
+    def __init__(self) -> None:
+        self._steps = 0
+
+    def train(self, run: Callable[..., TrainStepResult], call: HostedStep) -> TrainStepResult:
+        self._steps += 1
+        with _rank_threads(call.rank_threads):
+            return run(call.checkpoint_dir, call.scored_shards, call.out_dir, step=call.step, config=call.config,
+                       hosting=EngineHosting())
+
+    def start_workers(self, start: Callable[..., None], config: TrainConfig, rank_threads: str) -> None:
+        with _rank_threads(rank_threads):
+            start(config, hosting=EngineHosting())
+
+    def status(self) -> HostStatus:
+        import ray
+
+        from engines.train import server
+
+        group = server.active_group()
+        return HostStatus(pid=os.getpid(), node_id=ray.get_runtime_context().get_node_id(), steps=self._steps,
+                          history=list(group.history) if group else [], rank_pids=group.pids() if group else [])
+
+
+@contextlib.contextmanager
+def _rank_threads(value: str) -> Iterator[None]:
+    """Within the call, the ranks get the task's thread count (the actor's own, set by Ray, may differ)."""
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
+def host_name(engine_key: str) -> str:
+    """``train-group-<12 hex of the engine key>``: one host per engine settings (another config, another host)."""
+    return ray_actors.TRAIN_HOST_PREFIX + hashlib.sha256(engine_key.encode()).hexdigest()[:12]
+
+
+def _host(engine_key: str, num_processes: int, hosting: EngineHosting) -> tuple[str, Any]:
+    """(name, handle) of the live train host for ``engine_key``, else a fresh one. It claims a GPU per rank
+    only where this process sees CUDA (a CPU cluster's logical GPUs belong to the engines), and no Ray CPU:
+    its ranks are processes of its own, which Ray does not count, and it waits between steps."""
+    import torch
+
+    ray_actors.attach(hosting)
+    name = host_name(engine_key)
+    gpus = num_processes if torch.cuda.is_available() else 0
+    return name, ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0)
+
+
+def train_step(run: Callable[..., TrainStepResult], call: HostedStep, hosting: EngineHosting) -> TrainStepResult:
+    """Run ``call`` on the train host (found or started) with ``run`` (launch.py: train_step_in_store); a
+    host that is dead, or dies during the call, is replaced and the step runs once more. A failure of the
+    step itself is raised as the host raised it."""
+    import ray
+
+    for _attempt in (1, 2):
+        name, host = _host(call.engine_key, call.config.num_processes, hosting)
+        try:
+            result = ray.get(host.train.remote(run, call))
+        except ray.exceptions.RayActorError as err:
+            ray_actors.forget(name, hosting.ray_namespace)
+            warnings.warn(f"step {call.step}: the train host {hosting.ray_namespace}/{name} is dead "
+                          f"({type(err).__name__}); a fresh one runs the step from the published parent",
+                          RuntimeWarning, stacklevel=2)
+        except ray.exceptions.RayTaskError as err:
+            cause = getattr(err, "cause", None)
+            raise cause if isinstance(cause, Exception) else err
+        else:
+            if result.timings.get("warm_fallback"):  # the host's own warning stays in its Ray worker's log
+                warnings.warn(f"step {call.step}: the train host's warm group was gone; the step ran with a cold "
+                              "launch on the host", RuntimeWarning, stacklevel=2)
+            return result
+    raise TrainStepError(f"step {call.step}: the train host {hosting.ray_namespace}/{name} died twice running it "
+                         "(nothing published); check the Ray cluster's nodes (memory, preemption)")
+
+
+def start_workers(start: Callable[..., None], config: TrainConfig, engine_key: str, rank_threads: str,
+                  hosting: EngineHosting) -> None:
+    """Have the train host start its group now with ``start`` (launch.py: start_workers) and return at
+    once; a host that cannot is left to the first step, which finds it dead and replaces it."""
+    _name, host = _host(engine_key, config.num_processes, hosting)
+    host.start_workers.remote(start, config, rank_threads)
+
+
+def status(engine_key: str, hosting: EngineHosting) -> HostStatus:
+    """The status of the live train host for ``engine_key`` (ValueError when none lives)."""
+    import ray
+
+    ray_actors.attach(hosting)
+    return ray.get(ray.get_actor(host_name(engine_key), namespace=hosting.ray_namespace).status.remote())
