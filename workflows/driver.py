@@ -358,6 +358,13 @@ def step_action(task: Any, step: int, generation_round: int | None = None) -> An
 REPORT_EVERY_S = 5.0
 
 
+def evaluates_after(step: int, every: int, steps: int) -> bool:
+    """Whether the driver evaluates the policy right after ``step``: every ``every`` steps
+    (``run.eval_every_steps``; 0 = none between), but not after the last step, whose evaluation
+    ``train_and_report`` runs once the steps are done (step 0's runs in ``prepare_run``)."""
+    return bool(every and step % every == 0 and step != steps)
+
+
 class _PipelineStages:
     """The loop's stages as cached Flyte tasks writing into the run folder (workflows/step_loop.py)."""
 
@@ -419,39 +426,63 @@ class _PipelineStages:
             await self._train(plan)
 
     async def _train(self, plan: StepPlan) -> None:
-        cfg, layout, step = self.cfg, self.layout, plan.step
-        result = plan.result
-        progress.training(step, cfg.run.steps, trains=not plan.skipped)
+        """One step after its sampling: train on the batch (or keep the policy when the step is
+        skipped), record the step, then what follows it (evaluation when due, tracking, retention,
+        the run page). Pipelined, the next step's sampling runs beside this (workflows/step_loop.py)."""
+        progress.training(plan.step, self.cfg.run.steps, trains=not plan.skipped)
         t = time.perf_counter()
-        if plan.skipped:
-            trained = _skipped_step(step, self.checkpoint)
-        else:
-            # Each scored shard with the step that generated it: a group is one step's (dapo_core.sampling.group_key).
-            scored = sorted({(ref.source, ref.generated_step) for _, ref in [*result.kept, *result.surplus]})
-            sources = [source for source, _ in scored]
-            batch_path, surplus_path = str(layout.batch_shard(step)), str(layout.surplus_shard(step))
-            await call_verified(
-                step_action(assemble_batch, step), [batch_path, surplus_path],
-                sources, [generated for _, generated in scored], [g for g, _ in result.kept], [g for g, _ in result.surplus],
-                batch_path, surplus_path, upstream=sources,
-            )
-            published = await call_verified(step_action(train, step), [layout.checkpoint(step)], self.checkpoint, [batch_path],
-                                            str(layout.checkpoint(step)), step, cfg.train,
-                                            upstream=[self.checkpoint, batch_path])
-            trained = _train_row(published.checkpoint_dir)
-            self.checkpoint, self.policy_step = published.checkpoint_dir, step
-            self.checkpoint_paths[step] = published.checkpoint_dir
-        self.policy_after[step] = (self.checkpoint, self.policy_step)
-        train_s = time.perf_counter() - t
+        trained = _skipped_step(plan.step, self.checkpoint) if plan.skipped else await self._train_step(plan)
+        self._record_step(plan, trained, time.perf_counter() - t)
+        await self._after_step(plan.step)
+
+    async def _train_step(self, plan: StepPlan) -> dict[str, Any]:
+        """Assemble the step's batch, train the policy on it and make the published checkpoint the
+        policy; returns the train task's StepMetrics row."""
+        step, layout = plan.step, self.layout
+        batch_path = await self._assemble_batch(plan)
+        published = await call_verified(step_action(train, step), [layout.checkpoint(step)], self.checkpoint, [batch_path],
+                                        str(layout.checkpoint(step)), step, self.cfg.train,
+                                        upstream=[self.checkpoint, batch_path])
+        trained = _train_row(published.checkpoint_dir)
+        self._advance_policy(step, published.checkpoint_dir)
+        return trained
+
+    async def _assemble_batch(self, plan: StepPlan) -> str:
+        """Write the step's batch (its kept groups) and surplus shards from the scored shards they
+        come from; returns the batch shard's path."""
+        step, result = plan.step, plan.result
+        # Each scored shard with the step that generated it: a group is one step's (dapo_core.sampling.group_key).
+        scored = sorted({(ref.source, ref.generated_step) for _, ref in [*result.kept, *result.surplus]})
+        sources = [source for source, _ in scored]
+        batch_path, surplus_path = str(self.layout.batch_shard(step)), str(self.layout.surplus_shard(step))
+        await call_verified(
+            step_action(assemble_batch, step), [batch_path, surplus_path],
+            sources, [generated for _, generated in scored], [g for g, _ in result.kept], [g for g, _ in result.surplus],
+            batch_path, surplus_path, upstream=sources,
+        )
+        return batch_path
+
+    def _advance_policy(self, step: int, checkpoint_dir: str) -> None:
+        """``step`` trained ``checkpoint_dir``: it is now the policy (what the next step trains from)."""
+        self.checkpoint, self.policy_step = checkpoint_dir, step
+        self.checkpoint_paths[step] = checkpoint_dir
+
+    def _record_step(self, plan: StepPlan, trained: dict[str, Any], train_s: float) -> None:
+        """Keep the policy after the step (for the rounds that ask for it), its metrics row and
+        duration, and report it on the terminal."""
+        self.policy_after[plan.step] = (self.checkpoint, self.policy_step)
         row = self._metrics_row(plan, trained, train_s)
         self.metrics_rows.append(finite_or_none(row))  # JSON-safe; plots and tables skip None
         self.step_seconds.append(time.perf_counter() - self._step_started)
-        progress.step_done(progress.StepReport(schemas.StepStats.from_row(row), steps=cfg.run.steps,
-                                               outcome=result.outcome, seconds=self.step_seconds[-1]))
-        every = cfg.run.eval_every_steps
-        evaluated = bool(every and step % every == 0 and step != cfg.run.steps)
+        progress.step_done(progress.StepReport(schemas.StepStats.from_row(row), steps=self.cfg.run.steps,
+                                               outcome=plan.result.outcome, seconds=self.step_seconds[-1]))
+
+    async def _after_step(self, step: int) -> None:
+        """After a recorded step: evaluate the policy when due, send the step to the trackers, prune
+        older checkpoints, redraw the run page when due, and start the next step's clock."""
+        evaluated = evaluates_after(step, self.cfg.run.eval_every_steps, self.cfg.run.steps)
         if evaluated:
-            self.evals.append(await _evaluate(cfg, layout, self.checkpoint, self.test_paths, step))
+            self.evals.append(await _evaluate(self.cfg, self.layout, self.checkpoint, self.test_paths, step))
         self.track()
         self.apply_retention(step)
         if evaluated or time.perf_counter() - self._page_drawn_at >= REPORT_EVERY_S:
