@@ -50,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from storage import run_store  # noqa: E402
 from workflows.config import ConfigError, RunConfig, load_config  # noqa: E402
+from workflows.driver import evaluates_after  # noqa: E402
 from workflows.exit_codes import BAD_INPUT  # noqa: E402
 
 PEER_PYTHON = REPO / ".venv-peer" / "bin" / "python"
@@ -103,8 +104,9 @@ class PeerRow:
 
 
 def eval_steps(steps: int, every: int) -> list[int]:
-    """The steps the main job evaluates: 0, every ``every`` steps (0 = none between), and the last."""
-    between = range(every, steps, every) if every else ()
+    """The steps the main job evaluates: 0 (``prepare_run``), those the driver's rule names after a step
+    (workflows/driver.py: evaluates_after, the one declaration of the schedule), and the last."""
+    between = (s for s in range(1, steps + 1) if evaluates_after(s, every, steps))
     return sorted({0, *between, steps})
 
 

@@ -12,7 +12,8 @@ in-process engine of a process without the hosting. A run's end removes its engi
 The train host (engines/train/ray_host.py) on the same cluster: training steps from separate task
 processes (tests/integration/train_task_main.py, what tasks/train.py runs) continue its warm DeepSpeed
 group in memory, a kill -9 of the actor or of a rank makes the next step run from the published
-checkpoint, and every step gives the checkpoint id of the plain local run. A run's end and
+checkpoint, a kill -9 of the actor during a step has a fresh actor run it once more (twice: TrainStepError),
+and every step gives the checkpoint id of the plain local run. A run's end and
 ``dapo engines release`` remove it with the engines.
 """
 
@@ -42,9 +43,11 @@ import schemas
 from dapo_core.answers import problem_id
 from engines.rollout import ray_engines
 from engines.runtime import ray_actors
+from engines.train.publish import TrainStepError
 from readers.synthetic import make_problem
 from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV, EngineHosting
 from settings.train import TrainConfig
+from storage import checkpoints
 
 # The helpers this module runs inside the actors (``_ask``) travel by value: the actors cannot
 # import a test module.
@@ -141,6 +144,19 @@ def _die_in_next_generate() -> None:
     from engines.rollout import stage as rollout
 
     rollout.generate_part = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_in_next_publish() -> None:
+    """In the train host: SIGKILL this process once its next step has trained and staged its checkpoint,
+    just before the publish (the ranks are done; the staging folder is full, not yet renamed)."""
+    from engines.train import launch
+
+    launch.publish_step = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _visible(folder: Path) -> list[str]:
+    """The checkpoint folders of ``folder`` a reader sees (staging folders are hidden; files are digest records)."""
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 def _namespace_actors(namespace: str) -> list[str]:
@@ -339,6 +355,27 @@ def test_the_train_host_keeps_the_warm_group_across_task_processes_and_comes_bac
             again = _hosted_step(train_inputs, 3, str(tmp_path / "s2"), tmp_path / "s3-again", hosting)
         assert again.checkpoint_id == local_ids[2]
         assert (again.timings["warm_fallback"], ray_host.status(key, hosting).pid) == (1.0, fresh.pid)
+
+        # The actor, DURING a step (after training, before the publish): a fresh one runs the step once more.
+        _ask(ray.get_actor(ray_host.host_name(key), namespace=hosting.namespace), _die_in_next_publish)
+        during_dir = tmp_path / "during"
+        with pytest.warns(RuntimeWarning, match="is dead"):
+            during = _hosted_step(train_inputs, 3, str(tmp_path / "s2"), during_dir / "s3", hosting)
+        assert during.checkpoint_id == local_ids[2]
+        assert _visible(during_dir) == ["s3"] and checkpoints.read_info(during_dir / "s3").checkpoint_id == local_ids[2]
+        # What the dead host left is its hidden staging folder, which a run's start removes (workflows/driver.py).
+        assert [p.name.split("-")[0] for p in checkpoints.clean_stale_staging(during_dir)] == [".s3.staging"]
+        replaced = ray_host.status(key, hosting)
+        assert replaced.pid != fresh.pid and (replaced.steps, replaced.history) == (1, ["reloaded"])
+
+        # Twice (a host of another engine key, so this run's host stays): TrainStepError, nothing published.
+        call = ray_host.HostedStep(checkpoint_dir=str(tmp_path / "s2"), scored_shards=[train_inputs["shards"][3]],
+                                   out_dir=str(tmp_path / "twice" / "s3"), step=3, config=TRAIN,
+                                   engine_key=key + "-dies", rank_threads="1")
+        with pytest.warns(RuntimeWarning, match="is dead"), \
+                pytest.raises(TrainStepError, match=r"step 3: the train host .*train-group-\w+ died twice"):
+            ray_host.train_step(lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL), call, hosting)
+        assert not (tmp_path / "twice").exists()
     finally:
         released = ray_engines.release(hosting)
     assert released == [ray_host.host_name(key)]
