@@ -65,7 +65,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         + (f"   (step mean {sum(summary['step_seconds']) / len(summary['step_seconds']):.1f} s)" if summary["step_seconds"] else ""),
         f"  final checkpoint: {summary['final_checkpoint']}",
         f"  run folder: {summary['run_dir']}  (summary.json, report/index.html, logs/dapo.log)",
-        f"  lineage: dapo lineage {summary['run_dir']} --step {summary['steps']} | head -1",
+        f"  lineage: dapo lineage {summary['run_dir']} --step {summary['steps']} | head -12",
     ]
     return "\n".join(lines)
 
