@@ -177,41 +177,32 @@ def train_elastic_config(nodes: int, nproc_per_node: int) -> Any:
     return Elastic(nnodes=nodes, nproc_per_node=nproc_per_node, max_restarts=0)
 
 
-def rollout_ray_job_environment(plan: dict[str, Any], env_vars: dict[str, str]) -> flyte.TaskEnvironment:
-    """Rollout and evaluation as a RayJob whose engines live and die with each call."""
-    return flyte.TaskEnvironment(
-        name="dapo-rollout",
-        include=BUNDLED_FILES,
-        image=rollout_image,
-        # The task itself is the Ray driver (on the head); engines are actors on the workers.
-        resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
-        env_vars=env_vars,
-        plugin_config=ray_job_config(plan),
-        # One shared Ray cluster kept between calls, on a Union backend only: open-source Flyte 2
-        # ignores the policy and starts a fresh RayJob per call (docs/CLUSTER.md, "What stays warm where").
-        reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])),
-        description=(
-            f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "
-            f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s)."
-        ),
-    )
-
-
-def rollout_client_environment(plan: dict[str, Any], env_vars: dict[str, str],
-                               pod_template: flyte.PodTemplate | None) -> flyte.TaskEnvironment:
-    """Rollout and evaluation as a plain pod, a client of the long-lived Ray cluster the plan names: no
-    RayJob (whose own Ray the task would join instead), no reuse policy; its engines outlive the pod."""
+def rollout_environment(plan: dict[str, Any], env_vars: dict[str, str],
+                        client_pod_template: flyte.PodTemplate | None, *, long_lived: bool) -> flyte.TaskEnvironment:
+    """Rollout and evaluation. ``long_lived``: a plain pod, a client of the long-lived Ray cluster the plan
+    names (no RayJob, whose own Ray the task would join instead; no reuse policy), its engines outliving
+    the pod. Otherwise a RayJob whose engines live and die with each call (its pods' templates are the
+    RayJob's own: ``client_pod_template`` is not used)."""
+    if long_lived:
+        where = dict(pod_template=client_pod_template)
+        description = (f"vLLM generation on a long-lived Ray cluster: {plan['rollout_engines']} engine(s) x "
+                       f"tensor_parallel {plan['rollout_tensor_parallel']}, named actors kept between calls.")
+    else:
+        # The task itself is the Ray driver (on the head); engines are actors on the workers. One shared Ray
+        # cluster kept between calls, on a Union backend only: open-source Flyte 2 ignores the policy and
+        # starts a fresh RayJob per call (docs/CLUSTER.md, "What stays warm where").
+        where = dict(plugin_config=ray_job_config(plan),
+                     reusable=flyte.ReusePolicy(replicas=1, concurrency=1, idle_ttl=int(plan["rollout_idle_ttl_s"])))
+        description = (f"vLLM generation on Ray: {plan['rollout_engines']} engine(s) x tensor_parallel "
+                       f"{plan['rollout_tensor_parallel']} over {plan['rollout_nodes']} node(s).")
     return flyte.TaskEnvironment(
         name="dapo-rollout",
         include=BUNDLED_FILES,
         image=rollout_image,
         resources=flyte.Resources(cpu=plan["rollout_head_cpu"], memory=plan["rollout_head_memory"]),
         env_vars=env_vars,
-        pod_template=pod_template,
-        description=(
-            f"vLLM generation on a long-lived Ray cluster: {plan['rollout_engines']} engine(s) x tensor_parallel "
-            f"{plan['rollout_tensor_parallel']}, named actors kept between calls."
-        ),
+        description=description,
+        **where,
     )
 
 
@@ -243,12 +234,10 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
         env_vars = {TARGET_ENV_VAR: "cluster", PLAN_ENV_VAR: json.dumps(plan, sort_keys=True), **engines_env}
         store = plan["run_store_pvc"]
         cpu_template = run_store_pod_template(store, plan["run_store_mount"]) if store else None
+        rollout = rollout_environment(plan, env_vars, cpu_template, long_lived=bool(engines_env))
         if engines_env:
-            rollout = rollout_client_environment(plan, env_vars, cpu_template)
             # The driver attaches to the cluster at the run's end to remove the run's engines: Ray's client.
             driver_image = cpu_image.with_pip_packages(image_pin("ray[client]"))
-        else:
-            rollout = rollout_ray_job_environment(plan, env_vars)
         nproc, nodes = int(plan["train_nproc_per_node"]), int(plan["train_nodes"])
         train = flyte.TaskEnvironment(
             name="dapo-train",
