@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from engines.runtime import ray_actors
-from engines.runtime.ray_actors import attach, forget  # noqa: F401  (the engines' callers use them from here)
 from settings.rollout import EngineHosting
 
 ENGINE_NAME = ray_actors.ENGINE_PREFIX + "{index}-tp{gpus}"  # {gpus}: GPUs per engine, so a new shape never reuses an old actor
@@ -50,10 +49,10 @@ def release(hosting: EngineHosting) -> list[str]:
     when it is set; a hosting without an address has nothing to release."""
     if not hosting.persistent:
         return []
-    attach(hosting)
+    ray_actors.attach(hosting)
     names = ray_actors.hosted_names(hosting.ray_namespace)
     for name in names:
-        forget(name, hosting.ray_namespace)
+        ray_actors.forget(name, hosting.ray_namespace)
     return names
 
 

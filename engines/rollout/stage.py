@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.rollout import ray_engines, vllm_engine
+from engines.runtime import ray_actors
 from settings.rollout import EngineHosting, RolloutConfig
 from storage import checkpoints, pruning, run_store
 
@@ -402,7 +403,7 @@ def _named_engines(count: int, gpus_per_engine: int, namespace: str) -> list[_Ra
                 engines.append(_RayEngine(actor, ray.get(place), name, namespace))
             except ray.exceptions.RayActorError:
                 dead.append(name)
-                ray_engines.forget(name, namespace)
+                ray_actors.forget(name, namespace)
         if not dead:
             return engines
         _log.warning("long-lived engine actor(s) %s of Ray namespace %s were dead; started again", dead, namespace)
@@ -419,7 +420,7 @@ def _drop_engine(engine: _RayEngine) -> None:
         _RAY_ACTORS.remove(engine)
     ray.kill(engine.actor)
     if engine.name:
-        ray_engines.forget(engine.name, engine.namespace)
+        ray_actors.forget(engine.name, engine.namespace)
 
 
 def _ray_generate(
@@ -496,7 +497,7 @@ def _attach_to_ray_cluster(hosting: EngineHosting) -> None:
     the engines (vllm_engine.gpu_count). Without either nothing happens: a laptop run counts its own GPUs
     and starts no Ray."""
     if hosting.persistent:
-        ray_engines.attach(hosting)
+        ray_actors.attach(hosting)
         return
     if not os.environ.get("RAY_ADDRESS"):
         return

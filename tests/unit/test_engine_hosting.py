@@ -131,7 +131,7 @@ def test_with_a_ray_address_even_one_engine_runs_on_the_long_lived_actors(
     _stub_round_inputs(monkeypatch, ro)
     attached: list[EngineHosting] = []
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(ro.ray_engines, "attach", attached.append)
+    monkeypatch.setattr(ro.ray_actors, "attach", attached.append)
     monkeypatch.setattr(ro.vllm_engine, "gpu_count", lambda: 0)
 
     def where(source, checkpoint_dir, settings, sampling, parts, *, on_ray, hosting):
