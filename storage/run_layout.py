@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from storage.run_lookup import RUN_RECORD
 from storage.run_store import join
 
 
@@ -28,7 +29,7 @@ class RunLayout:
 
     @property
     def run_record(self) -> str:
-        return self._at("run.json")  # resolved config, its digest and code versions
+        return self._at(RUN_RECORD)  # resolved config, its digest and code versions
 
     @property
     def summary(self) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-RUN_RECORD = "run.json"  # storage/run_layout.py: RunLayout.run_record (a run folder has one from its start)
+RUN_RECORD = "run.json"  # a run folder's record, from its start (storage/run_layout.py: RunLayout.run_record)
 # A records copy (lineage, audit) leaves out weights, optimizer state and pages: they stay in the store.
 NOT_RECORDS = (".safetensors", ".bin", ".pt", ".pth", ".png", ".html")
 
