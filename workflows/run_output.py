@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+from engines.runtime.environ import overlay
 from storage import run_store
 from storage.run_layout import RunLayout
 from workflows import progress
@@ -114,25 +115,18 @@ def quiet_run(log_path: Path, *, command: str) -> Iterator[None]:
     with os.fdopen(open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "a") as header:
         header.write(f"\n===== dapo {command} (pid {os.getpid()}) {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                      f"{' '.join(sys.argv)} =====\n")
-    previous_env = os.environ.get(LOG_FILE_ENV)
-    os.environ[LOG_FILE_ENV] = str(log_path)
-    try:
-        with _descriptors_to(log_path) as (out, err), _python_logging_to(sys.stderr) as failed:
-            display = _display(out, err)
-            try:
-                with display if isinstance(display, progress.LiveProgress) else contextlib.nullcontext(), \
-                        progress.using(display):
-                    yield
-            except Exception as exc:
-                if failed.traceback:
-                    exc.add_note(f"\nThe failing task's traceback:\n{failed.traceback}")
-                exc.add_note(f"dapo {command}: full log: {log_path}")
-                raise
-    finally:
-        if previous_env is None:
-            os.environ.pop(LOG_FILE_ENV, None)
-        else:
-            os.environ[LOG_FILE_ENV] = previous_env
+    with overlay({LOG_FILE_ENV: str(log_path)}), \
+            _descriptors_to(log_path) as (out, err), _python_logging_to(sys.stderr) as failed:
+        display = _display(out, err)
+        try:
+            with display if isinstance(display, progress.LiveProgress) else contextlib.nullcontext(), \
+                    progress.using(display):
+                yield
+        except Exception as exc:
+            if failed.traceback:
+                exc.add_note(f"\nThe failing task's traceback:\n{failed.traceback}")
+            exc.add_note(f"dapo {command}: full log: {log_path}")
+            raise
 
 
 def _display(out: TextIO, err: TextIO) -> progress.Progress:

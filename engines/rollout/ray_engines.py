@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from engines.runtime import ray_actors
+from engines.runtime.environ import overlay
 from settings.rollout import EngineHosting
 
 ENGINE_NAME = ray_actors.ENGINE_PREFIX + "{index}-tp{gpus}"  # {gpus}: GPUs per engine, so a new shape never reuses an old actor
@@ -67,16 +68,8 @@ def hosted_for_run(run_dir: str, hosting: EngineHosting | None = None) -> Iterat
         yield hosting
         return
     hosting = EngineHosting(ray_address=hosting.ray_address, namespace=hosting.namespace or run_namespace(run_dir))
-    saved = {key: os.environ.get(key) for key in hosting.environ()}
-    os.environ.update(hosting.environ())
-    try:
-        yield hosting
-    finally:
+    with overlay(hosting.environ()):
         try:
-            release(hosting)
+            yield hosting
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+            release(hosting)

@@ -17,6 +17,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+from engines.runtime.environ import overlay
+
 SHARING_ENV = "DAPO_STAGES_SHARING_CORES"  # how many stages run side by side on this machine's cores
 
 
@@ -38,15 +40,8 @@ def stage_cpus() -> int:
 @contextlib.contextmanager
 def sharing_cores(stages: int) -> Iterator[None]:
     """Within the block (and in processes started in it), ``stages`` stages share the cores evenly."""
-    previous = os.environ.get(SHARING_ENV)
-    os.environ[SHARING_ENV] = str(stages)
-    try:
+    with overlay({SHARING_ENV: str(stages)}):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(SHARING_ENV, None)
-        else:
-            os.environ[SHARING_ENV] = previous
 
 
 def cpu_threads(requested: int = 0) -> int:

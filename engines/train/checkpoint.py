@@ -19,7 +19,6 @@ import concurrent.futures
 import contextlib
 import importlib
 import json
-import os
 import pickle
 import re
 import shutil
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from engines.runtime.environ import overlay
 from engines.train.spec import DS_META_FILE, DS_STATE_DIR, TrainStepFailure, WorkerSpec
 from schemas.disk_space import writing
 
@@ -115,16 +115,8 @@ def weights_only_unpickling() -> Iterator[None]:
     ``weights_only=False``, which runs whatever a crafted ``ds_state/*.pt`` asks for (a
     ``__reduce__``). ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` overrides the argument torch is given."""
     allowed = [getattr(importlib.import_module(module), name) for module, name in _DEEPSPEED_RECORDS]
-    before = os.environ.get(_FORCE_WEIGHTS_ONLY)
-    os.environ[_FORCE_WEIGHTS_ONLY] = "1"
-    try:
-        with torch.serialization.safe_globals(allowed):
-            yield
-    finally:
-        if before is None:
-            os.environ.pop(_FORCE_WEIGHTS_ONLY, None)
-        else:
-            os.environ[_FORCE_WEIGHTS_ONLY] = before
+    with overlay({_FORCE_WEIGHTS_ONLY: "1"}), torch.serialization.safe_globals(allowed):
+        yield
 
 
 _FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"

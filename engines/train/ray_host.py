@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engines.runtime import ray_actors
+from engines.runtime.environ import overlay
 from engines.train.publish import TrainStepError, TrainStepResult
 from settings.rollout import EngineHosting
 from settings.train import TrainConfig
@@ -91,15 +92,8 @@ class TrainHost:
 @contextlib.contextmanager
 def _rank_threads(value: str) -> Iterator[None]:
     """Within the call, the ranks get the task's thread count (the actor's own, set by Ray, may differ)."""
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = value
-    try:
+    with overlay({"OMP_NUM_THREADS": value}):
         yield
-    finally:
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
 
 
 def host_name(engine_key: str) -> str:
