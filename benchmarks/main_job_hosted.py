@@ -1,0 +1,137 @@
+"""The main job on long-lived Ray actors against the plain local run: the same checkpoint ids, and the speed.
+
+Runs `dapo run --config configs/tiny-cpu.yaml` (all 75 steps unless ``--steps``) twice, one after the other
+on this machine:
+
+- ``in-process``: the plain local run (the vLLM engine and the warm DeepSpeed group in the driver);
+- ``persistent actors``: the same command with ``DAPO_ENGINES_RAY_ADDRESS`` naming a two-node
+  ``ray.cluster_utils.Cluster`` started here (one CPU and one logical GPU per node), so every rollout and
+  evaluation round runs on the run's named, detached engine actors and every train step on its train host
+  (settings/rollout.py: EngineHosting; engines/train/ray_host.py), as the tasks of a cluster would.
+
+Every checkpoint id of the two runs must be equal, and the held-out results too (checked: exit 1 and the
+first differing step otherwise). Prints each way's steps/min over the step loop (evaluations excluded, as
+benchmarks/main_job.py counts them), the ratio, and the 1-minute load average over each run. The driver's
+task calls run in one process either way: a cluster's fresh task pod per call (its start, imports and Ray
+attach) is not in this figure; benchmarks/warm_engines.py measures that, and the actors restarted every call.
+Writes benchmarks/results/main_job_hosted.json (``--out``).
+
+    .venv/bin/python benchmarks/main_job_hosted.py [--steps N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
+from main_job import REPO, LoadSampler, _commit, _run, step_times  # noqa: E402
+from result_file import write_result  # noqa: E402
+from scratch import scratch_dir  # noqa: E402
+
+import schemas  # noqa: E402
+from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV  # noqa: E402
+from storage import checkpoints  # noqa: E402
+from storage.run_layout import RunLayout  # noqa: E402
+
+WAYS = ("in-process", "persistent actors")
+
+
+@contextmanager
+def two_node_cluster() -> Iterator[str]:
+    """A head and a worker node of one CPU and one logical GPU each; yields the address to attach to.
+
+    vLLM's in-process engine core is set before the nodes start, so every Ray worker inherits it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
+    try:
+        nodes.add_node(num_cpus=1, num_gpus=1)
+        nodes.wait_for_nodes()
+        yield nodes.address
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+def _plain_env() -> dict[str, str]:
+    """This process's environment without any Ray address: the plain local run."""
+    drop = ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)
+    return {k: v for k, v in os.environ.items() if k not in drop} | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def _way(name: str, config: str, sets: list[str], root: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One run of the main job; its ids, held-out results and speed."""
+    print(f"{name}: running ...", flush=True)
+    with LoadSampler() as sampler:
+        seconds, summary = _run(config, [*sets, f"run.name={name.replace(' ', '-')}"], root, env)
+    layout = RunLayout(Path(summary["run_dir"]))
+    steps = summary["steps"]
+    step_s = step_times(layout, steps)[0]
+    result = {
+        "way": name, "wall_s": round(seconds, 1), "pipeline_s": summary["wall_seconds"],
+        "steps_per_min": round(60 * steps / sum(step_s), 2), "step_s_mean": round(sum(step_s) / steps, 3),
+        "accuracy_before": summary["accuracy_before"], "accuracy_after": summary["accuracy_after"],
+        "load": sampler.stats(),
+        "ids": [checkpoints.read_info(layout.checkpoint(s)).checkpoint_id for s in range(steps + 1)],
+    }
+    print(f"{name}: {result['steps_per_min']} steps/min, {result['accuracy_before']:.3f} -> "
+          f"{result['accuracy_after']:.3f}, load {result['load']}", flush=True)
+    result["evals"] = {s: schemas.read_shard(layout.eval_shard(s), schemas.EvalResult)
+                       for s in range(steps + 1) if Path(str(layout.eval_shard(s))).exists()}
+    return result
+
+
+def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """The first checkpoint or held-out result on which two ways differ, or None."""
+    for step, (x, y) in enumerate(zip(a["ids"], b["ids"], strict=True)):
+        if x != y:
+            return f"checkpoint of step {step}: {x} vs {y}"
+    for step, table in a["evals"].items():
+        if not b["evals"][step].equals(table):
+            return f"held-out results of step {step}"
+    return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
+    parser.add_argument("--steps", type=int, help="run.steps (default: the config's)")
+    parser.add_argument("--keep", help="keep the run folders under this directory")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "main_job_hosted.json"))
+    args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    sets = [] if args.steps is None else [f"run.steps={args.steps}"]
+
+    with scratch_dir(args.keep, "dapo-main-job-hosted-") as root:
+        plain = _way(WAYS[0], args.config, sets, root / "plain", _plain_env())
+        with two_node_cluster() as address:
+            env = _plain_env() | {ENGINES_RAY_ADDRESS_ENV: address, ENGINES_NAMESPACE_ENV: f"bench-{uuid.uuid4().hex[:8]}"}
+            hosted = _way(WAYS[1], args.config, sets, root / "hosted", env)
+    differs = first_difference(plain, hosted)
+    ratio = hosted["steps_per_min"] / plain["steps_per_min"]
+    print(f"commit {_commit()}, cpu {cpu_model()}; {len(plain['ids']) - 1} steps")
+    print(f"checkpoint ids and held-out results: {'EQUAL' if differs is None else 'DIFFER at ' + differs}")
+    print(f"steps/min: in-process {plain['steps_per_min']}, persistent actors {hosted['steps_per_min']} "
+          f"(ratio {ratio:.2f})")
+    write_result(args.out, {
+        "commit": _commit(), "cpu": cpu_model(), "cores": os.cpu_count(), "config": args.config,
+        "overrides": sets, "equal": differs is None, "first_difference": differs, "persistent_over_in_process": ratio,
+        "ways": [{k: v for k, v in way.items() if k != "evals"} for way in (plain, hosted)],
+    })
+    return 0 if differs is None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
