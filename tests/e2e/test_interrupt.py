@@ -12,15 +12,17 @@ import pytest
 
 from storage import checkpoints
 from storage.run_layout import RunLayout
-from tests.e2e.test_pipeline import DAPO, REPO, SMALL, _env
+from tests.e2e.test_pipeline import DAPO, REPO, SHIPPED, _env
 from workflows.run_records import action_records
 
 pytestmark = pytest.mark.slow
 
 
 def _args(run_root: Path, *extra: str) -> list[str]:
+    """SMALL on the shipped step-0 policy: these runs stop in step 1 or before it, and the warm-up is
+    test_pipeline.py's to cover."""
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
-    for item in [*SMALL, "run.name=intr", *extra]:
+    for item in [*SHIPPED, "run.name=intr", *extra]:
         args += ["--set", item]
     return args
 
@@ -124,7 +126,7 @@ def test_a_prompt_too_long_for_the_context_stops_the_run_after_curation(tmp_path
     assert "evaluate.max_response_tokens=250 > max_model_len=256" in last, last
     layout = RunLayout(tmp_path / "intr")
     assert not Path(layout.root, "steps").exists() and not Path(layout.eval_shard(0)).exists()  # no rollout, no eval
-    assert not Path(layout.checkpoint(0)).exists()  # refused right after curation, before the warm-up
+    assert not Path(layout.checkpoint(0)).exists()  # refused right after curation, before the step-0 policy
     print(f"refused after {time.monotonic() - started:.1f} s (curation only)")
 
 

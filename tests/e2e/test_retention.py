@@ -22,7 +22,7 @@ from cli.lineage import checkpoint_lineage
 from workflows.run_records import action_records, flyte_runs
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_pipeline import DAPO, REPO, SMALL, _env  # noqa: E402
+from test_pipeline import DAPO, REPO, SHIPPED, _env  # noqa: E402
 
 pytestmark = pytest.mark.slow
 RETENTION = ["run.keep_optimizer_checkpoints=1", "run.keep_weights_every_steps=2"]
@@ -30,7 +30,7 @@ RETENTION = ["run.keep_optimizer_checkpoints=1", "run.keep_weights_every_steps=2
 
 def _run(run_root: Path, steps: int) -> subprocess.CompletedProcess[str]:
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
-    for item in [*SMALL, *RETENTION, "run.name=kept", f"run.steps={steps}"]:
+    for item in [*SHIPPED, *RETENTION, "run.name=kept", f"run.steps={steps}"]:  # the warm-up is test_pipeline's
         args += ["--set", item]
     proc = subprocess.run(args, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"dapo run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
