@@ -185,10 +185,14 @@ class WorkerGroup:
             mailbox_wake.poke(mailbox_wake.rank_fifo(self.serve_dir, rank))
 
     def stop(self) -> None:
-        """Ask the workers to exit; kill them if they do not within STOP_TIMEOUT_S. Idempotent."""
+        """Ask the workers to exit; kill them if they do not within STOP_TIMEOUT_S. Idempotent.
+
+        A group that never acknowledged a request is killed at once: its ranks may still be importing
+        torch and DeepSpeed and read no request until they serve, so a run that ended before its first
+        step (a refusal after curation) waited out their start at exit; they hold no state yet."""
         if self.owner_pid != os.getpid():
             return  # a forked child inherited this object: the group is not its to stop
-        if self.alive:
+        if self.alive and self.ready:
             try:
                 write_text(request_path(self.serve_dir, self.next_request), json.dumps({"op": "stop"}))
                 self.next_request += 1
