@@ -150,6 +150,8 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
         metrics = group.submit(request, continue_in_memory=continue_ok, timeout_s=config.timeout_s)
     except train_server.GroupUnavailable as err:
         if train_server.stopping():
+            if group is not None:
+                train_server.discard(group)  # killed by stop_now: its temp folder goes with it
             raise TrainStepError(f"step {step}: interrupted (nothing published)") from err
         warnings.warn(f"step {step}: {err}; running this step with a cold launch", RuntimeWarning, stacklevel=3)
         if group is not None:

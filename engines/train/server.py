@@ -333,11 +333,13 @@ _stopping = threading.Event()  # set on Ctrl-C: this process starts no more trai
 
 def stop_now() -> None:
     """Ctrl-C: kill this process's group now (without its lock: a task thread may hold it) and
-    start no other, so a step interrupted mid-update is not re-run by a cold launch."""
+    start no other, so a step interrupted mid-update is not re-run by a cold launch. Its temp folder
+    goes too: the driver then leaves by ``os._exit`` (no atexit), before the task thread may discard it."""
     _stopping.set()
     group = _active
     if group is not None and group.owner_pid == os.getpid():
         group.kill()
+        shutil.rmtree(group.serve_dir, ignore_errors=True)
 
 
 def stopping() -> bool:
