@@ -149,13 +149,11 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
         group.last_checkpoint_id = None  # until this step's output is published
         metrics = group.submit(request, continue_in_memory=continue_ok, timeout_s=config.timeout_s)
     except train_server.GroupUnavailable as err:
+        if group is not None:
+            train_server.discard(group)  # dead, hung, or killed by stop_now: its temp folder goes with it
         if train_server.stopping():
-            if group is not None:
-                train_server.discard(group)  # killed by stop_now: its temp folder goes with it
             raise TrainStepError(f"step {step}: interrupted (nothing published)") from err
         warnings.warn(f"step {step}: {err}; running this step with a cold launch", RuntimeWarning, stacklevel=3)
-        if group is not None:
-            train_server.discard(group)
         shutil.rmtree(staging, ignore_errors=True)  # whatever the dead group half-wrote
         staging.mkdir()
         _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=step)

@@ -200,6 +200,10 @@ class WorkerGroup:
             except OSError:
                 pass
             self._wait_exit(STOP_TIMEOUT_S)
+        self.remove()
+
+    def remove(self) -> None:
+        """Kill the group and remove its temp folder (mailbox, spec, log): nothing of it is left."""
         self.kill()
         shutil.rmtree(self.serve_dir, ignore_errors=True)
 
@@ -322,8 +326,7 @@ def discard(group: WorkerGroup) -> None:
     """Kill ``group`` and forget it (after a failure: its engine state can no longer be trusted)."""
     global _active
     with _lock:
-        group.kill()
-        shutil.rmtree(group.serve_dir, ignore_errors=True)
+        group.remove()
         if _active is group:
             _active = None
 
@@ -338,8 +341,7 @@ def stop_now() -> None:
     _stopping.set()
     group = _active
     if group is not None and group.owner_pid == os.getpid():
-        group.kill()
-        shutil.rmtree(group.serve_dir, ignore_errors=True)
+        group.remove()
 
 
 def stopping() -> bool:
