@@ -25,13 +25,12 @@ import argparse
 import os
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from local_ray import logical_gpu_nodes  # noqa: E402  (benchmarks/local_ray.py)
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 from main_job import REPO, LoadSampler, _commit, _run, step_times  # noqa: E402
 from result_file import write_result  # noqa: E402
@@ -45,29 +44,10 @@ from storage.run_layout import RunLayout  # noqa: E402
 WAYS = ("in-process", "persistent actors")
 
 
-@contextmanager
-def two_node_cluster() -> Iterator[str]:
-    """A head and a worker node of one CPU and one logical GPU each; yields the address to attach to.
-
-    vLLM's in-process engine core is set before the nodes start, so every Ray worker inherits it."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-    try:
-        nodes.add_node(num_cpus=1, num_gpus=1)
-        nodes.wait_for_nodes()
-        yield nodes.address
-    finally:
-        ray.shutdown()
-        nodes.shutdown()
-
-
-def _plain_env() -> dict[str, str]:
-    """This process's environment without any Ray address: the plain local run."""
-    drop = ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)
-    return {k: v for k, v in os.environ.items() if k not in drop} | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Each way's own settings on top of this process's environment, which main() clears of every Ray address
+# (main_job._run starts a run with os.environ and then these): the plain way must attach to no Ray.
+PLAIN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+RAY_ADDRESSES = ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)
 
 
 def _way(name: str, config: str, sets: list[str], root: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -114,10 +94,12 @@ def main() -> int:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     sets = [] if args.steps is None else [f"run.steps={args.steps}"]
 
+    for key in RAY_ADDRESSES:
+        os.environ.pop(key, None)
     with scratch_dir(args.keep, "dapo-main-job-hosted-") as root:
-        plain = _way(WAYS[0], args.config, sets, root / "plain", _plain_env())
-        with two_node_cluster() as address:
-            env = _plain_env() | {ENGINES_RAY_ADDRESS_ENV: address, ENGINES_NAMESPACE_ENV: f"bench-{uuid.uuid4().hex[:8]}"}
+        plain = _way(WAYS[0], args.config, sets, root / "plain", PLAIN_ENV)
+        with logical_gpu_nodes(2) as address:
+            env = PLAIN_ENV | {ENGINES_RAY_ADDRESS_ENV: address, ENGINES_NAMESPACE_ENV: f"bench-{uuid.uuid4().hex[:8]}"}
             hosted = _way(WAYS[1], args.config, sets, root / "hosted", env)
     differs = first_difference(plain, hosted)
     ratio = hosted["steps_per_min"] / plain["steps_per_min"]

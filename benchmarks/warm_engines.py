@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from machine import cpu_model  # noqa: E402  (benchmarks/machine.py)
 from result_file import write_result  # noqa: E402  (benchmarks/result_file.py)
+from local_ray import logical_gpu_nodes  # noqa: E402  (benchmarks/local_ray.py)
 
 WAYS = ("in-process warm", "persistent actors", "restarted every call")
 
@@ -204,25 +205,18 @@ def main() -> int:
         return 0
 
     import ray
-    from ray.cluster_utils import Cluster
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the nodes' workers inherit it
     with tempfile.TemporaryDirectory(prefix="dapo-warm-engines-") as scratch:
         folder = Path(scratch)
         spec = {**_inputs(folder, args.steps, args.prompts, args.batch), "engines": args.engines,
                 "config": {"samples_per_prompt": args.samples, "max_response_tokens": args.max_tokens,
                            "cpu_threads": args.threads}}
-        nodes = Cluster(initialize_head=True,
-                        head_node_args={"num_cpus": 1, "num_gpus": 1, "include_dashboard": False})
-        try:
-            for _ in range(args.engines - 1):
-                nodes.add_node(num_cpus=1, num_gpus=1)
-            nodes.wait_for_nodes()
-            ray.init(address=nodes.address, include_dashboard=False, log_to_driver=False)
-            ways = {name: _way(name, spec, args.steps, nodes.address, folder) for name in WAYS}
-        finally:
-            ray.shutdown()
-            nodes.shutdown()
+        with logical_gpu_nodes(args.engines) as address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            try:
+                ways = {name: _way(name, spec, args.steps, address, folder) for name in WAYS}
+            finally:
+                ray.shutdown()
     reference = ways["in-process warm"].pop("_shards")
     for name in WAYS[1:]:
         if ways[name].pop("_shards") != reference:
