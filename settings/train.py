@@ -59,6 +59,9 @@ class TrainConfig:
     # refused. False: a fresh optimizer every step (the LR schedule continues at the parent's update count).
     resume_optimizer: bool = True
     keep_optimizer_state: bool = True  # write ds_state/ into the new checkpoint (needed to resume; false needs resume_optimizer false)
+    # With keep_optimizer_state: only steps divisible by this write ds_state/ (1 = every step). The warm group
+    # keeps the state in memory; a cold start replays from the last written state (engines/train/replay.py).
+    optimizer_state_every: int = 1
     timeout_s: float = 3600.0  # wall-clock limit of one launch (warm: of one request, group start included)
     # Keep the DeepSpeed worker group alive between steps of this process (engines/train/server.py):
     # saves process start + engine construction per step, same results; False = one launch per step.
@@ -108,6 +111,7 @@ class TrainConfig:
             "loss_norm_tokens": (in_range(self.loss_norm_tokens, 1 if self.loss_agg == "seq-mean-token-sum-norm" else 0, TOKENS_MAX),
                                  f"must be in [1, {TOKENS_MAX}] with loss_agg 'seq-mean-token-sum-norm' (else [0, {TOKENS_MAX}])"),
             "timeout_s": (self.timeout_s > 0, "must be > 0"),
+            "optimizer_state_every": (in_range(self.optimizer_state_every, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
             # No step would write the state the next one is asked to resume (it would be refused at step 2).
             "keep_optimizer_state": (self.keep_optimizer_state or not self.resume_optimizer,
                                      "leaves nothing to resume: set resume_optimizer=false too (each step then "

@@ -82,6 +82,11 @@ def make_checkpoint_id(produced_by: str, step: int, folder: str | Path) -> str:
     return f"{produced_by}-{step:04d}-{weights_digest(folder)}"
 
 
+def step_of_id(checkpoint_id: str) -> int:
+    """The step an id of :func:`make_checkpoint_id` names."""
+    return int(checkpoint_id.split("-")[1])
+
+
 def is_complete(folder: str | Path) -> bool:
     """True when ``folder`` (a path, or an object-store URI) is a published checkpoint: its
     metadata file exists (uploaded last: storage/run_store.py)."""

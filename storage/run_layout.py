@@ -92,6 +92,15 @@ class RunLayout:
         return self._at("report", "index.html")  # the run page (reports/run.py)
 
 
+def checkpoint_beside(folder: str, step: int) -> str:
+    """The checkpoint folder of ``step`` in the run that holds the checkpoint ``folder`` (a path or a URI,
+    named as :meth:`RunLayout.checkpoint` names it); ValueError for a folder outside a run's layout."""
+    root, checkpoints_dir, name = str(folder).rstrip("/").rsplit("/", 2)
+    if checkpoints_dir != "checkpoints" or not (name.startswith("step-") and name[5:].isdigit()):
+        raise ValueError(f"{folder}: not a checkpoint in a run folder (<run>/checkpoints/step-NNNN)")
+    return RunLayout(root).checkpoint(step)
+
+
 def rung_folder(slug: str, seed: int) -> str:
     """One seed's run folder of a ladder rung, relative to the ladder folder (dapo ablate)."""
     return f"{slug}/seed-{seed}"

@@ -47,7 +47,7 @@ class ConfigError(ValueError):
 
 # Fields that decide which finished files are kept, never what is computed: outside
 # RunConfig.digest(), and free to change when a run folder is resumed (workflows/run_binding.py).
-STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps")
+STORAGE_ONLY = ("run.keep_optimizer_checkpoints", "run.keep_weights_every_steps", "train.optimizer_state_every")
 # Fields added after runs were recorded, each with the value that computes what a config without it
 # computed: at that value the field stays out of RunConfig.digest() (a config that leaves it there
 # keeps the digest it had before the field existed), and a run.json that lacks it reads as holding

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from engines.runtime.environ import overlay
 from engines.train.spec import DS_META_FILE, DS_STATE_DIR, TrainStepFailure, WorkerSpec
 from schemas.disk_space import writing
+from settings.train import TrainConfig
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -59,6 +60,14 @@ def resumes_optimizer_state(checkpoint: str | Path, *, resume_optimizer: bool) -
             and not checkpoints.unvouched_optimizer_state(checkpoint))
 
 
+def writes_optimizer_state(step: int, config: TrainConfig) -> bool:
+    """Whether the checkpoint of training step ``step`` holds its ds_state/ (settings/train.py:
+    keep_optimizer_state, optimizer_state_every): only steps divisible by ``optimizer_state_every``,
+    the last step of a run included (a cold start after it replays at most K - 1 steps:
+    engines/train/replay.py)."""
+    return config.keep_optimizer_state and step % config.optimizer_state_every == 0
+
+
 def parent_fetch_skip(*, resume: bool, other_ranks_state: tuple[str, ...] = ()) -> tuple[str, ...]:
     """``run_store.fetch`` skip patterns for the parent of a training step: its HF weights when the
     step resumes the parent's DeepSpeed state (which restores every weight; engines/train/engine.py:
@@ -74,7 +83,10 @@ def load_ds_state(engine: DeepSpeedEngine, state_dir: Path, *, world_size: int, 
     """Restore ``state_dir`` (a parent's ds_state/) into ``engine``; returns the updates done so far."""
     meta_path = state_dir / DS_META_FILE
     if not meta_path.is_file():
-        raise TrainStepFailure(f"{state_dir}: DeepSpeed state without {DS_META_FILE}")
+        raise TrainStepFailure(
+            f"{state_dir}: no DeepSpeed state to resume ({DS_META_FILE} missing; with train.optimizer_state_every > 1 "
+            "a parent without it continues only in the warm group that trained it: run the step again, which "
+            "rebuilds the state by replay, engines/train/replay.py)")
     meta = json.loads(meta_path.read_text())
     # ZeRO partitions optimizer state by rank: a different layout cannot be loaded as is.
     for key, now in (("world_size", world_size), ("zero_stage", zero_stage)):
@@ -168,12 +180,13 @@ def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, wor
         export = (pool.submit(_timed, export_hf, state, Path(spec.parent_checkpoint), spec.train.precision, out)
                   if rank == 0 else None)
         t_save = time.perf_counter()
-        if spec.train.keep_optimizer_state:
+        keep = spec.write_state
+        if keep:
             with writing(state_dir, "the DeepSpeed optimizer state"):
                 engine.save_checkpoint(str(state_dir), tag=tag)
         timings = {"ds_save_s": time.perf_counter() - t_save}
         export_s = export.result() if export is not None else 0.0  # re-raises the export's error
-    if rank == 0 and spec.train.keep_optimizer_state:
+    if rank == 0 and keep:
         meta = {"tag": tag, "world_size": world_size, "zero_stage": spec.train.zero_stage,
                 "precision": spec.train.precision, "updates_done": updates_done, "step": last_step}
         (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -294,7 +307,21 @@ def ds_state_matches(resume_ds_state: str | None, last_saved: tuple[int, int] | 
         return False  # a cold launch would start a fresh optimizer from the HF weights
     meta_path = Path(resume_ds_state) / DS_META_FILE
     if not meta_path.is_file():
-        return False
+        # A parent written without its state (train.optimizer_state_every > 1): its own record's
+        # step and update count against memory (the layout is the group's: same key, same config).
+        return _record_matches(Path(resume_ds_state).parent, last_saved)
     meta = json.loads(meta_path.read_text())
     return (int(meta["step"]), int(meta["updates_done"])) == last_saved and \
         meta["world_size"] == world_size and meta["zero_stage"] == zero_stage
+
+
+def _record_matches(checkpoint: Path, last_saved: tuple[int, int]) -> bool:
+    """True when ``checkpoint``'s own record (dapo_checkpoint.json) has the (step, updates done) in memory."""
+    from storage.checkpoints import METADATA_FILE
+
+    record_path = checkpoint / METADATA_FILE
+    if not record_path.is_file():
+        return False
+    record = json.loads(record_path.read_text())
+    return record.get("optimizer_updates") is not None and \
+        (int(record["step"]), int(record["optimizer_updates"])) == last_saved

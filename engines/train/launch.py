@@ -31,7 +31,8 @@ import schemas
 from engines.runtime import threads
 from engines.train import server as train_server
 from engines.train import batch as tb
-from engines.train.checkpoint import parent_fetch_skip, resumes_optimizer_state
+from engines.train import replay
+from engines.train.checkpoint import parent_fetch_skip, resumes_optimizer_state, writes_optimizer_state
 from engines.train.publish import (
     TrainInputError,
     TrainStepError,
@@ -96,12 +97,12 @@ def _launch(spec: dict[str, Any], work_dir: Path, *, num_processes: int, timeout
 
 
 # Spec fields that change from request to request; all others are baked into a warm group's engine.
-_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "start_updates", "steps", "out_dir", "probe_input_ids",
-                   "probe_path")
+_REQUEST_FIELDS = ("parent_checkpoint", "resume_ds_state", "start_updates", "steps", "out_dir", "write_state",
+                   "probe_input_ids", "probe_path")
 
 
 # TrainConfig fields that do not shape the engine (a change must not restart a warm group).
-_NOT_ENGINE_FIELDS = ("timeout_s", "keep_workers_warm")
+_NOT_ENGINE_FIELDS = ("timeout_s", "keep_workers_warm", "optimizer_state_every")
 
 
 def engine_key(config: TrainConfig) -> str:
@@ -172,6 +173,16 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
              "group_start_s": group.start_s if started else 0.0,
              "continued_in_memory": float(bool(metrics[0].get("continued_in_memory")))}
     return metrics, extra, group
+
+
+def _held_in_memory(config: TrainConfig, parent_id: str) -> bool:
+    """True when this process's warm group holds exactly ``parent_id`` (it published it last): a
+    parent written without its optimizer state (train.optimizer_state_every > 1) continues from
+    memory as one with it would (the worker re-checks the parent's record: checkpoint.ds_state_matches)."""
+    group = train_server.active_group()
+    return (config.keep_workers_warm and group is not None and group.alive and group.owner_pid == os.getpid()
+            and group.key == _group_key(config, _worker_env(config.num_processes))
+            and group.last_checkpoint_id == parent_id)
 
 
 def start_workers(config: TrainConfig, *, hosting: EngineHosting | None = None) -> None:
@@ -291,10 +302,14 @@ def _cannot_resume(checkpoint_dir: Path, step: int) -> str:
 
 
 def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], staging: Path, work_dir: Path, *,
-                 config: TrainConfig, resume: bool, probe_input_ids: list[list[int]] | None = None,
-                 probe_path: str | Path | None = None) -> dict[str, Any]:
+                 config: TrainConfig, resume: bool, write_state: bool | None = None,
+                 probe_input_ids: list[list[int]] | None = None, probe_path: str | Path | None = None
+                 ) -> dict[str, Any]:
     """The JSON spec every worker rank gets (engines/train/spec.py: WorkerSpec); refuses a parent
-    whose optimizer state or schedule cannot be continued (:func:`schedule_start`)."""
+    whose optimizer state or schedule cannot be continued (:func:`schedule_start`). ``write_state``
+    None: the last step's checkpoint holds ds_state/ as the config says (writes_optimizer_state)."""
+    if write_state is None:
+        write_state = writes_optimizer_state(int(batches_meta[-1]["step"]), config) if batches_meta else True
     ds_state = checkpoint_dir / DS_STATE_DIR
     start_updates = schedule_start(checkpoint_dir, config=config, resume=resume)
     return {
@@ -304,6 +319,7 @@ def _worker_spec(checkpoint_dir: Path, batches_meta: list[dict[str, Any]], stagi
         "start_updates": start_updates,
         "steps": batches_meta,
         "out_dir": str(staging.resolve()),
+        "write_state": write_state,
         "metrics_path": str(work_dir / "metrics.json"),
         "error_path": str(work_dir / "error.txt"),
         "probe_input_ids": probe_input_ids,
@@ -321,6 +337,7 @@ def train_steps(
     probe_path: str | Path | None = None,
     resume: bool | None = None,
     reuse_decided: bool = False,
+    write_state: bool | None = None,
 ) -> TrainStepResult:
     """Run consecutive training steps in ONE engine launch and publish only the last checkpoint.
 
@@ -335,6 +352,10 @@ def train_steps(
     record is not required); either way only a train step's state is resumed, and it is unpickled
     weights-only. ``reuse_decided``: the caller already made the reuse decision (reusable_step) for
     ``out_dir`` (``train_step_in_store``, on the store's names), so it is not made again here.
+    ``write_state``: whether the checkpoint holds ds_state/ (None: as the config says).
+
+    A parent written without its optimizer state (train.optimizer_state_every > 1) continues in the
+    warm group that holds it in memory; otherwise its state is rebuilt first (engines/train/replay.py).
     """
     if not steps:
         raise TrainStepError("no step to run")
@@ -352,11 +373,18 @@ def train_steps(
     if resume is None:
         resume = config.resume_optimizer and parent.produced_by == "train" and \
             (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
+    if not resume and config.resume_optimizer and parent.produced_by == "train":
+        resume = _held_in_memory(config, parent.checkpoint_id)  # no ds_state/ written (optimizer_state_every)
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     try:
+        if not resume and replay.needs_replay(parent, config):
+            if not _held_in_memory(config, parent.checkpoint_id):
+                checkpoint_dir = replay.rebuild(run_store.source_name(checkpoint_dir), config=config,
+                                                into=work_dir / "replay", train=train_steps)
+            resume = True
         spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
-                            probe_input_ids=probe_input_ids, probe_path=probe_path)
+                            write_state=write_state, probe_input_ids=probe_input_ids, probe_path=probe_path)
         with train_server.lock() if config.keep_workers_warm else contextlib.nullcontext():
             t_launch = time.perf_counter()
             group = None

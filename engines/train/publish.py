@@ -30,6 +30,7 @@ from storage import checkpoints, digests, pruning, run_store
 
 METRICS_FILE = "train_metrics.parquet"  # the step's StepMetrics row, beside the weights
 TIMINGS_FILE = "train_timings.json"  # finer timings in seconds
+STATE_KEPT = "optimizer_state_kept"  # in a record's inputs: whether ds_state/ was written (_state_kept)
 
 
 class TrainStepError(RuntimeError):
@@ -136,8 +137,26 @@ def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str, co
     """
     inputs = checkpoints.read_info(out_dir).inputs
     recorded_code = inputs.get("train_code_version")
-    return (inputs.get("config") == json.loads(json.dumps(asdict(config))) and inputs.get("batch_sha256") == batch_sha256
+    return (inputs.get("config") == json.loads(json.dumps(recorded_config(config))) and inputs.get("batch_sha256") == batch_sha256
             and recorded_code in (None, code_version))
+
+
+def recorded_config(config: TrainConfig) -> dict[str, Any]:
+    """The train config a checkpoint records and a re-run compares (:func:`made_from`): all but
+    ``optimizer_state_every``, which decides what is stored, never what is computed (so records
+    written before it existed still match, and a resume may change it)."""
+    fields = asdict(config)
+    fields.pop("optimizer_state_every")
+    return fields
+
+
+def _state_kept(config: TrainConfig, staging: Path) -> dict[str, bool]:
+    """The record's word on whether this checkpoint holds ds_state/ (:data:`STATE_KEPT`), said only when
+    not every step writes it (train.optimizer_state_every > 1): a cold start from one without it
+    rebuilds the state by replay (engines/train/replay.py); records of runs without it stay as they were."""
+    if config.optimizer_state_every == 1:
+        return {}
+    return {STATE_KEPT: (staging / checkpoints.OPTIMIZER_STATE_DIR).is_dir()}
 
 
 def discard_published(out_dir: str | Path, why: str) -> None:
@@ -203,10 +222,11 @@ def publish_step(worker_metrics: list[dict[str, Any]], extra: dict[str, float], 
             # As named in the run store (a URI when the shard was fetched into the mirror).
             "scored_shards": [run_store.source_name(s) for b in batches_meta for s in b["shards"]],
             "steps": [b["step"] for b in batches_meta],
-            "config": asdict(config),
+            "config": recorded_config(config),
             "batch_sha256": batch_sha256_of([s for b in batches_meta for s in b["shards"]]),
             "train_code_version": train_code_version(),  # compared by made_from on a re-run
             "resumed_optimizer_state": resume,
+            **_state_kept(config, staging),
         },
         # Where the LR schedule stands (the parent's count plus this launch's updates): the next step
         # starts its schedule there even with a fresh optimizer (engines/train/launch.py: schedule_start).

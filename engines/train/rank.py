@@ -32,6 +32,7 @@ from typing import Any
 from engines.train.checkpoint import parent_fetch_skip, resumes_optimizer_state
 from engines.train.launch import _check_batches, _worker_spec
 from engines.train.publish import (
+    TrainInputError,
     TrainStepError,
     TrainStepResult,
     batch_sha256_of,
@@ -212,6 +213,11 @@ def train_step_as_rank(
     """
     import torch.distributed as dist
 
+    if config.optimizer_state_every != 1:
+        # Fresh pods every step: no warm group holds the state, so every step would replay (engines/train/replay.py).
+        raise TrainInputError(f"step {step}: train.optimizer_state_every={config.optimizer_state_every} needs a train "
+                              "group that outlives the step (`dapo run` with the train host); the elastic train task "
+                              "starts fresh pods each step: set train.optimizer_state_every=1")
     t_start = time.perf_counter()
     rank, world = _rank_and_world(config)
     scored_shards = run_store.fetch_all([str(s) for s in scored_shards])

@@ -41,6 +41,8 @@ class WorkerSpec:
     # Optimizer updates the parent's LR schedule has taken (engines/train/launch.py: schedule_start):
     # where a fresh optimizer's warm-up starts; a resumed state must agree with it.
     start_updates: int = 0
+    # Whether ds_state/ is written (engines/train/checkpoint.py: writes_optimizer_state; a replay always writes it).
+    write_state: bool = True
     probe_input_ids: list[list[int]] | None = None  # tests: logits of these inputs after the update
     probe_path: str | None = None
     serve_dir: str | None = None  # serve mode: the request mailbox (engines/train/server.py); None = one launch

@@ -31,6 +31,7 @@ from storage.run_layout import RunLayout
 from storage.run_summary import read_summary
 from cli.lineage import checkpoint_lineage, sample_lineage, trained_samples
 from workflows.run_records import action_records, flyte_runs
+from workflows.run_output import log_file
 
 REPO = Path(__file__).resolve().parents[2]
 DAPO = [sys.executable, "-m", "cli.main"]
@@ -74,10 +75,10 @@ def _env(temp: Path | None = None) -> dict[str, str]:
     return env
 
 
-def _dapo_run(run_root: Path, name: str, *, timeout_s: float = 600,
-              temp: Path | None = None) -> subprocess.CompletedProcess[str]:
+def _dapo_run(run_root: Path, name: str, *, timeout_s: float = 600, temp: Path | None = None,
+              sets: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
-    for item in [*SMALL, f"run.name={name}"]:
+    for item in [*SMALL, *sets, f"run.name={name}"]:
         args += ["--set", item]
     proc = subprocess.run(args, cwd=REPO, env=_env(temp), capture_output=True, text=True, timeout=timeout_s)
     assert proc.returncode == 0, f"dapo run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -303,11 +304,16 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+# The killed run writes the optimizer state only at even steps, so step 1 has none and the warm group that
+# held it dies with the kill: the re-run's step 2 rebuilds it by replaying step 1 (engines/train/replay.py).
+STATE_EVERY_2 = ("train.optimizer_state_every=2",)
+
+
 def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: RunLayout, run_root: Path) -> None:
     name = "killed"
     layout = RunLayout(run_root / name)
     args = [*DAPO, "run", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), "--run-root", str(run_root)]
-    for item in [*SMALL, f"run.name={name}"]:
+    for item in [*SMALL, *STATE_EVERY_2, f"run.name={name}"]:
         args += ["--set", item]
     temp = run_root / f"{name}-system-temp"  # the killed run's and its re-run's TMPDIR
     temp.mkdir()
@@ -335,7 +341,9 @@ def test_sigkill_during_training_then_rerun_matches_uninterrupted(finished_run: 
     assert "id='hl-status' data-value='&#x27;running, step 1/2" in page, page[:3000]
 
     killed_left = sorted(p.name for p in temp.iterdir())
-    _dapo_run(run_root, name, temp=temp)
+    assert not (Path(layout.checkpoint(1)) / "ds_state").exists()
+    _dapo_run(run_root, name, temp=temp, sets=STATE_EVERY_2)
+    assert "[train] step 1: replaying it from bootstrap-0000-" in log_file(layout).read_text()
     # What the kill left in the temp folder: the train launch's folder, removed by the re-run (its
     # owner is gone), and the in-process vLLM engine's rendezvous file, which names no owner and stays.
     assert any(n.startswith("dapo-train-") for n in killed_left), killed_left
