@@ -29,8 +29,9 @@ class Pruned:
 class Pruner:
     """Prunes a run's checkpoints by the policy K/M (``keep_optimizer_last`` 0 = never prunes)."""
 
-    def __init__(self, *, keep_optimizer_last: int, keep_weights_every: int) -> None:
+    def __init__(self, *, keep_optimizer_last: int, keep_weights_every: int, optimizer_state_every: int = 1) -> None:
         self.keep_optimizer_last, self.keep_weights_every = keep_optimizer_last, keep_weights_every
+        self.optimizer_state_every = optimizer_state_every  # train.optimizer_state_every: its replay origin is kept
         self._settled: set[int] = set()  # steps whose checkpoint is pruned for good (pruning.apply_retention)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[int, concurrent.futures.Future[list[str]]] | None = None
@@ -45,7 +46,8 @@ class Pruner:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dapo-prune")
         future = self._pool.submit(pruning.apply_retention, dict(checkpoint_paths), latest=latest,
                                    keep_optimizer_last=self.keep_optimizer_last,
-                                   keep_weights_every=self.keep_weights_every, settled=self._settled)
+                                   keep_weights_every=self.keep_weights_every,
+                                   optimizer_state_every=self.optimizer_state_every, settled=self._settled)
         self._pending = (step, future)
         return previous
 

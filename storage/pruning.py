@@ -82,7 +82,8 @@ def prune_checkpoint(path: str, keep: Keep) -> list[str]:
 
 
 def apply_retention(checkpoint_paths: Mapping[int, str], *, latest: int, keep_optimizer_last: int,
-                    keep_weights_every: int, settled: set[int] | None = None) -> list[str]:
+                    keep_weights_every: int, optimizer_state_every: int = 1, settled: set[int] | None = None
+                    ) -> list[str]:
     """Prune the checkpoints ``{step: path}`` (0 = the step-0 policy) by the policy; returns the files deleted.
 
     ``settled``, when given, holds the steps already pruned to their final state: they are skipped,
@@ -95,7 +96,7 @@ def apply_retention(checkpoint_paths: Mapping[int, str], *, latest: int, keep_op
     if keep_optimizer_last == 0:
         return []  # every checkpoint is kept whole
     plan = checkpoint_retention(checkpoint_paths, latest=latest, keep_optimizer_last=keep_optimizer_last,
-                                keep_weights_every=keep_weights_every)
+                                keep_weights_every=keep_weights_every, optimizer_state_every=optimizer_state_every)
     done = settled if settled is not None else set()
     removed = []
     for step, keep in sorted(plan.items()):

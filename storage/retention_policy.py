@@ -9,7 +9,9 @@ needs far less of it:
   a resume after a kill starts there;
 - the **step-0 policy** whole: the run's origin (lineage, and the baseline evaluation);
 - the last ``keep_optimizer_last`` (K) checkpoints whole, to restart a few steps back;
-- the **weights** of every ``keep_weights_every``-th (M) step, to evaluate or serve later.
+- the **weights** of every ``keep_weights_every``-th (M) step, to evaluate or serve later;
+- with the optimizer state written only every E-th step (``train.optimizer_state_every``), the
+  newest checkpoint that has it, whole: a cold start replays from it (engines/train/replay.py).
 
 Optimizer state is never kept without its weights (a step resumes from both). Lineage records
 (``dapo_checkpoint.json``, metrics, configs, tokenizer files) are always kept; storage/pruning.py
@@ -41,12 +43,15 @@ WHOLE = Keep(weights=True, optimizer_state=True)
 
 
 def checkpoint_retention(
-    steps: Iterable[int], *, latest: int, keep_optimizer_last: int, keep_weights_every: int
+    steps: Iterable[int], *, latest: int, keep_optimizer_last: int, keep_weights_every: int,
+    optimizer_state_every: int = 1,
 ) -> dict[int, Keep]:
     """``{step: Keep}`` for the checkpoints of ``steps`` (0 = the step-0 policy), ``latest`` the newest.
 
     ``keep_optimizer_last`` (K) counts checkpoints, not step numbers: a skipped step publishes
-    none. Raises ValueError when ``latest`` is not among ``steps`` or a step comes after it.
+    none. ``optimizer_state_every`` (E): only trained steps divisible by E hold optimizer state, and
+    the newest of them is the replay origin of the latest. Raises ValueError when ``latest`` is not
+    among ``steps`` or a step comes after it.
     """
     if keep_optimizer_last < 0 or keep_weights_every < 0:
         raise ValueError(f"keep_optimizer_last={keep_optimizer_last} and keep_weights_every={keep_weights_every} "
@@ -58,6 +63,7 @@ def checkpoint_retention(
         raise ValueError(f"step {ordered[-1]} comes after the latest checkpoint (step {latest})")
     trained = [s for s in ordered if s > 0]
     whole = set(trained if keep_optimizer_last == 0 else trained[-keep_optimizer_last:]) | {0, latest}
+    whole |= set([s for s in trained if s % optimizer_state_every == 0][-1:])  # the replay origin
     plan = {}
     for step in ordered:
         if step in whole:

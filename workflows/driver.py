@@ -377,7 +377,8 @@ class _PipelineStages:
         self.policy_step = 0  # the step whose checkpoint is the current policy (skipped steps keep it)
         self.checkpoint_paths: dict[int, str] = {0: self.checkpoint}  # every published checkpoint, by step
         self.pruner = Pruner(keep_optimizer_last=cfg.run.keep_optimizer_checkpoints,
-                             keep_weights_every=cfg.run.keep_weights_every_steps)
+                             keep_weights_every=cfg.run.keep_weights_every_steps,
+                             optimizer_state_every=cfg.train.optimizer_state_every)
         self._pruning_noted = False  # the first prune's line goes to the terminal, later ones to the log
         # The policy as it stood after each finished step: (checkpoint, the step that trained it). A
         # round asks for one by step (workflows/step_loop.py): pipelined, step N+1's rounds use the

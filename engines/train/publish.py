@@ -137,17 +137,19 @@ def made_from(out_dir: str | Path, *, config: TrainConfig, batch_sha256: str, co
     """
     inputs = checkpoints.read_info(out_dir).inputs
     recorded_code = inputs.get("train_code_version")
-    return (inputs.get("config") == json.loads(json.dumps(recorded_config(config))) and inputs.get("batch_sha256") == batch_sha256
+    recorded = {k: v for k, v in (inputs.get("config") or {}).items() if k not in _STORED_ONLY}
+    return (recorded == json.loads(json.dumps(recorded_config(config))) and inputs.get("batch_sha256") == batch_sha256
             and recorded_code in (None, code_version))
 
 
+# Train settings that decide what is stored, never what is computed: not recorded, not compared, so
+# records written before they existed still match and a resume may change them.
+_STORED_ONLY = ("optimizer_state_every",)
+
+
 def recorded_config(config: TrainConfig) -> dict[str, Any]:
-    """The train config a checkpoint records and a re-run compares (:func:`made_from`): all but
-    ``optimizer_state_every``, which decides what is stored, never what is computed (so records
-    written before it existed still match, and a resume may change it)."""
-    fields = asdict(config)
-    fields.pop("optimizer_state_every")
-    return fields
+    """The train config a checkpoint records and a re-run compares (:func:`made_from`): all but :data:`_STORED_ONLY`."""
+    return {k: v for k, v in asdict(config).items() if k not in _STORED_ONLY}
 
 
 def _state_kept(config: TrainConfig, staging: Path) -> dict[str, bool]:

@@ -16,7 +16,7 @@ def test_a_prune_runs_while_the_driver_goes_on_and_reports_when_done(monkeypatch
     calls: list[tuple[int, int]] = []
 
     def slow_prune(paths: dict[int, str], *, latest: int, keep_optimizer_last: int, keep_weights_every: int,
-                   settled: set[int]) -> list[str]:
+                   optimizer_state_every: int, settled: set[int]) -> list[str]:
         started.set()
         assert release.wait(10), "the prune was never released"
         calls.append((latest, len(paths)))

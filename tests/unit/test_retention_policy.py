@@ -69,3 +69,35 @@ def test_latest_and_step_zero_are_whole_and_kept_counts_are_bounded(steps: set[i
         assert kept(plan, "optimizer_state") == all_steps
     if m and k:
         assert all(s % m == 0 or s in trained[-k:] for s in kept(plan, "weights") if s > 0)
+
+
+def test_state_written_every_fifth_step_keeps_the_newest_that_has_it_whole() -> None:
+    # train.optimizer_state_every=5, K=2: after step 7 a cold start replays steps 6-7 from step 5's state,
+    # so step 5 stays whole; step 0 and the last two as before.
+    plan = checkpoint_retention(range(0, 8), latest=7, keep_optimizer_last=2, keep_weights_every=0,
+                                optimizer_state_every=5)
+    assert kept(plan, "optimizer_state") == [0, 5, 6, 7]
+    # A skipped step 10 published nothing: the origin is step 5 still.
+    plan = checkpoint_retention([0, 5, 6, 9, 11, 12], latest=12, keep_optimizer_last=1, keep_weights_every=0,
+                                optimizer_state_every=5)
+    assert kept(plan, "optimizer_state") == [0, 5, 12]
+
+
+@given(
+    steps=st.sets(st.integers(1, 60), min_size=1, max_size=25),
+    k=st.integers(0, 6),
+    m=st.integers(0, 7),
+    every=st.integers(1, 8),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_replay_origin_is_whole_and_every_1_is_the_policy_without_it(steps: set[int], k: int, m: int,
+                                                                          every: int) -> None:
+    all_steps, latest = {0, *steps}, max(steps)
+    plan = checkpoint_retention(all_steps, latest=latest, keep_optimizer_last=k, keep_weights_every=m,
+                                optimizer_state_every=every)
+    origin = max((s for s in all_steps if s % every == 0), default=0)  # step 0 when no trained step has state
+    assert plan[origin].optimizer_state and plan[origin].weights
+    without = checkpoint_retention(all_steps, latest=latest, keep_optimizer_last=k, keep_weights_every=m)
+    assert checkpoint_retention(all_steps, latest=latest, keep_optimizer_last=k, keep_weights_every=m,
+                                optimizer_state_every=1) == without
+    assert [s for s in plan if plan[s] != without[s]] in ([], [origin])  # nothing else changes
