@@ -503,6 +503,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json-out", help="write the serialised task summary and plan as JSON here")
 
 
+def refuse_fresh_pod_replay(config: Any) -> None:
+    """Exit 2 when ``train.optimizer_state_every`` > 1: the deployed train task starts fresh Elastic pods
+    every step, so each step would replay the steps since the last written optimizer state."""
+    every = config.train.optimizer_state_every
+    if every != 1:
+        raise DeployInputError(
+            f"train.optimizer_state_every={every}: the deployed train task starts fresh pods every step, which "
+            "would replay the steps since the last written optimizer state on every step; set "
+            "train.optimizer_state_every=1 for a deployment (K > 1 is for `dapo run` with the persistent train "
+            "host, DAPO_ENGINES_RAY_ADDRESS)")
+
+
 def _deploy(args: argparse.Namespace) -> int:
     plan = None
     plan_env: dict[str, Any] = {"gpus_per_node": args.gpus_per_node, "run_store_pvc": args.run_store_pvc,
@@ -515,6 +527,7 @@ def _deploy(args: argparse.Namespace) -> int:
             config = load_config(args.config, args.set)
         except (ConfigError, ValueError) as err:
             raise DeployInputError(f"config: {err}") from err
+        refuse_fresh_pod_replay(config)
         plan, plan_env = resolve_plan(config, args)
         defaults["run_config"] = config
         if args.run_root:

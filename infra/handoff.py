@@ -125,6 +125,9 @@ class StepHandoff:
     mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
     mirror_train_node_bytes: int  # rank 0's node: its share of the parent's state, the output's weights and share
     train_nodes: int = 1  # the plan's; the train host as built holds a group on one node (path d)
+    # d with train.optimizer_state_every = optimizer_upload_every_steps: the warm group writes the state on
+    # one step in k (a cold start replays from it: engines/train/replay.py); fresh pods (b, c) cannot.
+    persistent_ranks_state_every_k: HandoffCost | None = None
 
     @property
     def paths(self) -> tuple[HandoffCost, HandoffCost, HandoffCost, HandoffCost, HandoffCost]:
@@ -144,6 +147,7 @@ class _Terms:
     tensor_parallel: int
     calls: float  # rollout and evaluate task calls a step
     upload_s: float  # train uploads the whole checkpoint: rank 0's node the export and its share of the state
+    export_upload_s: float  # train uploads the export alone: rank 0's node
     nodes_fetch_s: float  # the engine nodes and the task body each fetch the weights
     pod_fetch_s: float  # one pod fetches the weights
     train_fetch_s: float  # each train node fetches its ranks' share of the parent's state
@@ -252,7 +256,7 @@ def step_handoff(
     tn, rn, tp = plan.train_nodes, plan.rollout_nodes, plan.rollout_tensor_parallel
     terms = _Terms(
         w, o, tn, rn, plan.rollout_engines, tp, calls_per_step(t.generation_rounds, evaluate_every_steps),
-        upload_s=transfer_seconds(w + o, w + o / tn, bw), nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
+        upload_s=transfer_seconds(w + o, w + o / tn, bw), export_upload_s=transfer_seconds(w, w, bw), nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
         pod_fetch_s=transfer_seconds(w, w, bw), train_fetch_s=transfer_seconds(o, o / tn, bw),
         load_s=engine_start.load_s(w, tp), start=engine_start,
     )
@@ -268,7 +272,7 @@ def step_handoff(
         _path_d(terms, lanes, step_s), _path_e(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw,
         t, engine_start, terms.calls,
         terms.load_s, k,
-        mirror_rollout, mirror_train, tn,
+        mirror_rollout, mirror_train, tn, persistent_ranks_state_every_k=_path_d(terms, lanes, step_s, k),
     )
 
 
@@ -338,15 +342,23 @@ def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
     return _cost(name, [*per_call, *lanes.train], w + terms.o, calls * (rn + 1) * w + terms.o, step_s)
 
 
-def _path_d(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
+def _path_d(terms: _Terms, lanes: _Lanes, step_s: float, state_every: int = 1) -> HandoffCost:
     """Persistent engines and train ranks as built (engines/train/ray_host.py): b's rollout lane; the warm
     group neither starts nor fetches the parent (it holds the state, and the parent is in its node's
-    mirror, published from there), and still publishes the whole checkpoint every step before the step
-    returns (the code publishes nothing in the background), which the engines then fetch from the store."""
-    w, o = terms.w, terms.o
+    mirror, published from there), and still publishes every step before the step returns (the code
+    publishes nothing in the background), which the engines then fetch from the store. ``state_every``
+    (train.optimizer_state_every): the optimizer state is in that publish on one step in so many."""
+    w, o, k = terms.w, terms.o, state_every
     name = "d) persistent engines and train ranks (as built with a persistent Ray cluster and the train host)"
     upload = _train_upload(terms, "the warm group publishes every step before it returns: ")
-    return _cost(name, [*lanes.rollout, upload], w + o, (terms.rollout_nodes + 1) * w + (terms.calls - 1) * w, step_s)
+    if k > 1:
+        name = f"d) with train.optimizer_state_every={k} (as built: `dapo run` with the train host)"
+        # The export every step; the state's shards with it on one step in k.
+        critical = terms.export_upload_s + (terms.upload_s - terms.export_upload_s) / k
+        upload = dataclasses.replace(upload, what=f"{upload.what} on one step in {k}, the export alone on the others",
+                                     critical_s=critical)
+    return _cost(name, [*lanes.rollout, upload], w + o // k, (terms.rollout_nodes + 1) * w + (terms.calls - 1) * w,
+                 step_s)
 
 
 def _background(upload_s: float, window_s: float) -> float:
@@ -409,12 +421,14 @@ def _pipelined(lanes: _Lanes, b: HandoffCost, generation_s: float, training_s: f
 
 
 def run_storage_bytes(steps: int, weights_bytes: int, optimizer_bytes: int, *, keep_optimizer_last: int,
-                      keep_weights_every: int) -> int:
+                      keep_weights_every: int, optimizer_state_every: int = 1) -> int:
     """Checkpoint bytes a finished ``steps``-step run keeps under a retention policy
-    (storage/retention_policy.py; 0, 0 = keep all). Step 0 (the imported policy) has no optimizer state."""
+    (storage/retention_policy.py; 0, 0 = keep all). Step 0 (the imported policy) has no optimizer state,
+    nor has a step not divisible by ``optimizer_state_every`` (train.optimizer_state_every: never written)."""
     plan = checkpoint_retention(range(steps + 1), latest=steps, keep_optimizer_last=keep_optimizer_last,
-                                keep_weights_every=keep_weights_every)
-    return sum(weights_bytes * keep.weights + optimizer_bytes * (keep.optimizer_state and step > 0)
+                                keep_weights_every=keep_weights_every, optimizer_state_every=optimizer_state_every)
+    return sum(weights_bytes * keep.weights
+               + optimizer_bytes * (keep.optimizer_state and step > 0 and step % optimizer_state_every == 0)
                for step, keep in plan.items())
 
 
@@ -477,15 +491,19 @@ def _bandwidth_line(cost: HandoffCost, h: StepHandoff) -> str:
 def format_handoff(h: StepHandoff) -> str:
     """Lines for ``dapo deploy --dry-run --config``: the hand-off per step on each path, with its assumptions."""
     lines = _assumption_lines(h)
-    for cost in (*h.paths, h.pipelined):
+    for cost in (*h.paths[:4], *filter(None, [h.persistent_ranks_state_every_k]), *h.paths[4:], h.pipelined):
         step = "a step" if cost is not h.pipelined else (
             f"a pipelined step (max(generation, training) = {h.pipelined_step_s:,.0f} s)")
         lines.append(f"    {cost.name}: {cost.written_bytes / GB:,.1f} GB written, {cost.read_bytes / GB:,.1f} GB read "
                      f"per step; {cost.critical_path_s:,.0f} s on the critical path = {cost.share:.1%} of {step}")
         lines += [_part_line(p) for p in cost.parts]
-        if cost is h.persistent_engines or cost is h.fresh_rayjobs or cost is h.persistent_ranks:
+        if cost in (h.persistent_engines, h.fresh_rayjobs, h.persistent_ranks, h.persistent_ranks_state_every_k):
             lines.append(_bandwidth_line(cost, h))
-        if cost is h.persistent_ranks and h.train_nodes > 1:
+        if cost is h.persistent_ranks_state_every_k:
+            lines.append(f"      a cold start (the group lost) first replays up to {h.optimizer_upload_every_steps - 1} "
+                         "steps from the last written state (engines/train/replay.py); the deployed train task "
+                         "(fresh pods, b and c) refuses this setting")
+        if cost in (h.persistent_ranks, h.persistent_ranks_state_every_k) and h.train_nodes > 1:
             lines.append(f"      priced with the plan's {h.train_nodes} train nodes each publishing its share, as b's pods do; "
                          "the train host as built holds a group on one node (torchrun on one node), so it cannot hold "
                          "this plan's group yet")

@@ -158,6 +158,32 @@ def test_d_persistent_engines_and_train_ranks_by_hand() -> None:
     assert paper_cost(bandwidth=need).persistent_ranks.share == pytest.approx(0.03)
 
 
+def test_d_with_the_optimizer_state_every_10_steps_by_hand() -> None:
+    cost = paper_cost()
+    d, d10 = cost.persistent_ranks, cost.persistent_ranks_state_every_k
+    assert d10 is not None and cost.optimizer_upload_every_steps == 10
+    # d, but the warm group publishes the export alone (52.4 s through rank 0's node) on 9 steps in 10 and the
+    # whole checkpoint (209.7 s) on the tenth: 68.1 s a step instead of 209.7 s
+    upload = FETCH + (UPLOAD - FETCH) / 10
+    expected = upload + FETCH + LOAD + 0.2 * FETCH
+    assert d10.critical_path_s == pytest.approx(expected)
+    assert round(expected, 1) == 149.8
+    assert round(100 * d10.share, 1) == 2.8 and d10.share <= handoff.SHARE_GOAL  # the path as built: at 3%
+    assert (d10.written_bytes, d10.read_bytes) == (W + O // 10, d.read_bytes)
+    assert all(p.implemented for p in d10.parts)
+    # k = 1 is d itself
+    assert paper_cost(optimizer_upload_every_steps=1).persistent_ranks_state_every_k == d
+
+
+@given(k=st.integers(1, 50))
+@settings(max_examples=30, deadline=None)
+def test_d_with_the_state_every_k_steps_is_never_dearer_and_falls_with_k(k: int) -> None:
+    d_k = paper_cost(optimizer_upload_every_steps=k).persistent_ranks_state_every_k
+    d_next = paper_cost(optimizer_upload_every_steps=k + 1).persistent_ranks_state_every_k
+    assert d_k is not None and d_next is not None
+    assert d_next.critical_path_s < d_k.critical_path_s <= paper_cost().persistent_ranks.critical_path_s + 1e-9
+
+
 def test_e_designed_in_memory_by_hand() -> None:
     cost = paper_cost()
     e = cost.designed
@@ -285,6 +311,16 @@ def test_run_storage_with_and_without_retention_by_hand() -> None:
     assert handoff.run_storage_bytes(5, w, o, keep_optimizer_last=0, keep_weights_every=0) == 560
     # K=1, M=2: step 0 weights 10, step 5 whole 110, weights of 2 and 4: 20 -> 140
     assert handoff.run_storage_bytes(5, w, o, keep_optimizer_last=1, keep_weights_every=2) == 140
+
+
+def test_run_storage_counts_optimizer_state_only_on_steps_that_write_it() -> None:
+    w, o = 10, 100
+    # 7 steps, E=5, keep all: weights of steps 0..7 (80) + optimizer state of step 5 only (100) = 180
+    assert handoff.run_storage_bytes(7, w, o, keep_optimizer_last=0, keep_weights_every=0,
+                                     optimizer_state_every=5) == 180
+    # K=1, M=0: every step's weights (80); step 7 (latest) and step 5 (replay origin) whole, but only 5 wrote state
+    assert handoff.run_storage_bytes(7, w, o, keep_optimizer_last=1, keep_weights_every=0,
+                                     optimizer_state_every=5) == 180
 
 
 def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None:
