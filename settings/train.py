@@ -111,7 +111,11 @@ class TrainConfig:
             "loss_norm_tokens": (in_range(self.loss_norm_tokens, 1 if self.loss_agg == "seq-mean-token-sum-norm" else 0, TOKENS_MAX),
                                  f"must be in [1, {TOKENS_MAX}] with loss_agg 'seq-mean-token-sum-norm' (else [0, {TOKENS_MAX}])"),
             "timeout_s": (self.timeout_s > 0, "must be > 0"),
-            "optimizer_state_every": (in_range(self.optimizer_state_every, 1, COUNT_MAX), f"must be in [1, {COUNT_MAX}]"),
+            # A launch per step holds no state between steps: each would replay up to K - 1 steps first.
+            "optimizer_state_every": (in_range(self.optimizer_state_every, 1, COUNT_MAX)
+                                      and (self.optimizer_state_every == 1 or self.keep_workers_warm),
+                                      f"must be in [1, {COUNT_MAX}], and 1 with keep_workers_warm false (a launch per "
+                                      "step keeps no optimizer state in memory: every step would replay)"),
             # No step would write the state the next one is asked to resume (it would be refused at step 2).
             "keep_optimizer_state": (self.keep_optimizer_state or not self.resume_optimizer,
                                      "leaves nothing to resume: set resume_optimizer=false too (each step then "

@@ -48,6 +48,8 @@ def test_round_trip_through_dict_keeps_the_digest() -> None:
         (["nosection.x=1"], r"^--set nosection\.x=1: unknown section 'nosection'"),
         (["trainlr=1"], r"expected SECTION\.FIELD=VALUE"),
         (["train.zero_stage=4"], r"^--set train\.zero_stage=4: train\.zero_stage=4 must be 1, 2 or 3"),
+        (["train.keep_workers_warm=false", "train.optimizer_state_every=5"],
+         r"train\.optimizer_state_every=5 must be .* 1 with keep_workers_warm false"),
     ],
 )
 def test_bad_values_name_the_field(overrides: list[str], message: str) -> None:
