@@ -62,7 +62,12 @@ def plan_replay(parent: str) -> ReplayPlan:
             return ReplayPlan(origin=node, resumes=info.produced_by == "train", steps=chain[::-1])
         chain.append(node)
         assert info.parent_checkpoint_id is not None  # a train step's record names its parent
-        ancestor = checkpoint_beside(node, checkpoints.step_of_id(info.parent_checkpoint_id))
+        try:
+            ancestor = checkpoint_beside(node, checkpoints.step_of_id(info.parent_checkpoint_id))
+        except ValueError as err:
+            raise TrainInputError(f"{err}: its optimizer state was not written (train.optimizer_state_every) and its "
+                                  "ancestors cannot be found to rebuild it; set train.resume_optimizer=false to train "
+                                  "from its weights with a fresh optimizer") from err
         found = checkpoints.read_info(ancestor).checkpoint_id if checkpoints.is_complete(ancestor) else None
         if found != info.parent_checkpoint_id:
             raise TrainInputError(

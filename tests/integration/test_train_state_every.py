@@ -97,6 +97,12 @@ def test_the_replay_plan_walks_back_to_the_nearest_written_state(trained: dict) 
     assert (plan.origin, plan.resumes, plan.steps) == (k2.checkpoint(0), False, [k2.checkpoint(1)])
 
 
+def test_a_checkpoint_without_state_outside_a_run_folder_is_refused_by_name(trained: dict, tmp_path: Path) -> None:
+    loose = shutil.copytree(trained["runs"]["k2"].checkpoint(3), tmp_path / "loose")
+    with pytest.raises(TrainInputError, match=r"loose: not a checkpoint in a run folder .* cannot be found"):
+        replay.plan_replay(str(loose))
+
+
 def test_a_replay_that_does_not_reproduce_the_published_id_is_refused(trained: dict, tmp_path: Path) -> None:
     k2 = trained["runs"]["k2"]
 
