@@ -256,7 +256,8 @@ def step_handoff(
     tn, rn, tp = plan.train_nodes, plan.rollout_nodes, plan.rollout_tensor_parallel
     terms = _Terms(
         w, o, tn, rn, plan.rollout_engines, tp, calls_per_step(t.generation_rounds, evaluate_every_steps),
-        upload_s=transfer_seconds(w + o, w + o / tn, bw), export_upload_s=transfer_seconds(w, w, bw), nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
+        upload_s=transfer_seconds(w + o, w + o / tn, bw), export_upload_s=transfer_seconds(w, w, bw),
+        nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
         pod_fetch_s=transfer_seconds(w, w, bw), train_fetch_s=transfer_seconds(o, o / tn, bw),
         load_s=engine_start.load_s(w, tp), start=engine_start,
     )

@@ -180,13 +180,12 @@ def save_and_export(engine: DeepSpeedEngine, spec: WorkerSpec, *, rank: int, wor
         export = (pool.submit(_timed, export_hf, state, Path(spec.parent_checkpoint), spec.train.precision, out)
                   if rank == 0 else None)
         t_save = time.perf_counter()
-        keep = spec.write_state
-        if keep:
+        if spec.write_state:
             with writing(state_dir, "the DeepSpeed optimizer state"):
                 engine.save_checkpoint(str(state_dir), tag=tag)
         timings = {"ds_save_s": time.perf_counter() - t_save}
         export_s = export.result() if export is not None else 0.0  # re-raises the export's error
-    if rank == 0 and keep:
+    if rank == 0 and spec.write_state:
         meta = {"tag": tag, "world_size": world_size, "zero_stage": spec.train.zero_stage,
                 "precision": spec.train.precision, "updates_done": updates_done, "step": last_step}
         (state_dir / DS_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -373,8 +373,6 @@ def train_steps(
     if resume is None:
         resume = config.resume_optimizer and parent.produced_by == "train" and \
             (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
-    if not resume and config.resume_optimizer and parent.produced_by == "train":
-        resume = _held_in_memory(config, parent.checkpoint_id)  # no ds_state/ written (optimizer_state_every)
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     try:
