@@ -151,13 +151,18 @@ def _optimizer_state_files(folder: str) -> dict[str, str]:
     return {p.relative_to(local).as_posix(): str(p) for p in sorted(local.rglob("*")) if p.is_file()}
 
 
-def fetch_policy(folder: str | Path) -> Path:
+def fetch_policy(folder: str | Path, *, weights: bool = True) -> Path:
     """A local copy of the checkpoint at ``folder`` for generating from it: weights, config,
     tokenizer files and metadata, without the optimizer state (``run_store.fetch``; a path is
     returned as it is). What rollout and evaluation nodes read: 65 GB of a Qwen2.5-32B
     checkpoint's 459 GB (docs/CLUSTER.md, "The cost of the hand-off"). Older copies of the run's
-    checkpoints leave this node's mirror, all but the :data:`MIRRORED_CHECKPOINTS` latest."""
-    local = run_store.fetch(folder, skip=(f"{OPTIMIZER_STATE_DIR}/*",))
+    checkpoints leave this node's mirror, all but the :data:`MIRRORED_CHECKPOINTS` latest.
+
+    ``weights=False``: without the weight files too, for a reader that gets them another way (a task
+    body whose engines are actors elsewhere; an engine handed them in memory: engines/rollout/host_weights.py);
+    a later fetch that needs them adds just them."""
+    skip = (f"{OPTIMIZER_STATE_DIR}/*",) if weights else (f"{OPTIMIZER_STATE_DIR}/*", *(f"*{s}" for s in WEIGHT_SUFFIXES))
+    local = run_store.fetch(folder, skip=skip)
     run_store.evict_mirrored(folder, keep=MIRRORED_CHECKPOINTS)
     return local
 

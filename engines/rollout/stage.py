@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from engines.rollout import ray_engines, vllm_engine
+from engines.rollout import host_weights, ray_engines, vllm_engine
 from engines.runtime import ray_actors
 from settings.rollout import EngineHosting, RolloutConfig
 from storage import checkpoints, pruning, run_store
@@ -262,6 +262,7 @@ class GeneratedPart:
 
     results: list[dict[str, Any]]  # one per request, in request order
     generate_seconds: float
+    engine: str = ""  # how the engine got the weights: vllm_engine.get_engine's "started", "reloaded", ...
 
 
 def generate_part(
@@ -270,16 +271,18 @@ def generate_part(
     sampling: dict[str, Any],
     requests: list[dict[str, Any]],
     label: str = "",
+    weights: list[tuple[str, Any]] | None = None,
 ) -> GeneratedPart:
     """Generate ``requests`` on this process's engine for ``checkpoint_dir``; one result dict each.
 
     Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
-    token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
+    token ids, text, the sampled tokens' log-probs and vLLM's finish reason. ``weights``: the
+    checkpoint's tensors in memory, for a reload (engines/rollout/host_weights.py).
     """
     params = [request_params(r["seed"], sampling) for r in requests]
     # One caller at a time (pipelined: a rollout and an evaluation may come from two threads); a CUDA
     # engine that shares its GPU with training sleeps when the call ends (vllm_engine.engine_for_call).
-    with vllm_engine.engine_for_call(checkpoint_dir, settings) as (llm, _):
+    with vllm_engine.engine_for_call(checkpoint_dir, settings, weights) as (llm, how):
         started = time.perf_counter()
         outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
         generate_seconds = time.perf_counter() - started
@@ -298,7 +301,7 @@ def generate_part(
                 "finish_reason": completion.finish_reason,
             }
         )
-    return GeneratedPart(results, generate_seconds)
+    return GeneratedPart(results, generate_seconds, how)
 
 
 def request_params(seed: int, sampling: dict[str, Any]) -> Any:
@@ -357,11 +360,14 @@ class _EngineActor:
 
         return EnginePlace(ray.get_runtime_context().get_node_id(), os.getpid())
 
-    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]], label: str) -> GeneratedPart:
+    def generate(self, checkpoint_dir: str, settings: Any, sampling: dict[str, Any], requests: list[dict[str, Any]],
+                 label: str, namespace: str = "") -> GeneratedPart:
         # The actor may sit on another node than the task body: it fetches the checkpoint itself
         # (once per checkpoint and node, without its optimizer state; a path on a shared
-        # filesystem is used in place).
-        return generate_part(str(checkpoints.fetch_policy(checkpoint_dir)), settings, sampling, requests, label)
+        # filesystem is used in place), or a long-lived one (``namespace``) takes the weights from
+        # the train host's memory (engines/rollout/host_weights.py).
+        folder, weights = host_weights.policy_for_engine(checkpoint_dir, settings, namespace)
+        return generate_part(str(folder), settings, sampling, requests, label, weights)
 
 
 @dataclass(frozen=True)
@@ -451,7 +457,8 @@ def _ray_generate(
         else:
             engines = _ray_engines(len(parts), settings.tensor_parallel_size)
         futures = {
-            i: engines[i].actor.generate.remote(checkpoint_dir, settings, sampling, parts[i], f"engine {i}")
+            i: engines[i].actor.generate.remote(checkpoint_dir, settings, sampling, parts[i], f"engine {i}",
+                                                hosting.ray_namespace if hosting.persistent else "")
             for i in range(len(parts)) if i not in done
         }
         for i, future in futures.items():
@@ -516,11 +523,11 @@ def _engine_count(engines: int | None, config: RolloutConfig, gpus: int) -> int:
 def _generate_parts(
     source: str, checkpoint_dir: Path, settings: vllm_engine.EngineSettings, sampling: dict[str, Any],
     parts: list[list[dict[str, Any]]], *, on_ray: bool, hosting: EngineHosting = EngineHosting(),
-) -> tuple[list[dict[str, Any]], float]:
-    """Every part's results, in part order, and the seconds spent generating: on Ray actors (each
-    fetches ``source``; the parts generate at once, so the longest part's) or one after another on
-    this process's engine (the sum). Fewer results than requests is an EngineOutputError, never a
-    short round (a smaller group would skew its advantages, eq. 9)."""
+) -> tuple[list[dict[str, Any]], float, list[str]]:
+    """Every part's results, in part order, the seconds spent generating, and how each part's engine got
+    the weights: on Ray actors (each fetches ``source``; the parts generate at once, so the longest
+    part's) or one after another on this process's engine (the sum). Fewer results than requests is an
+    EngineOutputError, never a short round (a smaller group would skew its advantages, eq. 9)."""
     if on_ray:
         done = _ray_generate(source, settings, sampling, parts, hosting)
         seconds = max(part.generate_seconds for part in done)
@@ -530,7 +537,7 @@ def _generate_parts(
         seconds = sum(part.generate_seconds for part in done)
     results = [r for part in done for r in part.results]
     _check_whole_round(parts, results)
-    return results, seconds
+    return results, seconds, [part.engine for part in done]
 
 
 def _check_whole_round(parts: list[list[dict[str, Any]]], results: list[dict[str, Any]]) -> None:
@@ -577,7 +584,7 @@ def _rollout_rows(
 def _manifest(
     rows: list[dict[str, Any]], config: RolloutConfig, *, source: str, checkpoint_id: str, policy_version: int,
     generation_round: int, seed: int, max_model_len: int, engines: int, backend: str, prompts: int, seconds: float,
-    generate_seconds: float,
+    generate_seconds: float, weights_from: list[str],
 ) -> dict[str, Any]:
     """What the shard's manifest records: inputs, log-prob mode, settings, engines and timings."""
     tokens = sum(r["response_length"] for r in rows)
@@ -593,6 +600,7 @@ def _manifest(
         "max_model_len": max_model_len,
         "engines": engines,
         "engine_backend": backend,
+        "engine_weights": weights_from,  # per engine: "started", "reused", "reloaded", "reloaded from memory"
         "prompts": prompts,
         "samples": len(rows),
         "response_tokens": tokens,
@@ -626,7 +634,8 @@ def generate_rollouts(
     started = time.perf_counter()
     source = str(checkpoint_dir)  # a path, or a URI that each engine's node fetches into its mirror
     pruning.require_weights(source)  # a clear error for a checkpoint the retention policy pruned
-    checkpoint_dir = checkpoints.fetch_policy(source)
+    # Long-lived engines fetch (or are handed) the weights themselves: this process reads the rest alone.
+    checkpoint_dir = checkpoints.fetch_policy(source, weights=not hosting.persistent)
     info = checkpoints.read_info(checkpoint_dir)  # a clear error for an incomplete folder
     if config.samples_per_prompt < 1 or config.max_response_tokens < 1:
         raise RolloutError(f"samples_per_prompt and max_response_tokens must be >= 1, got {config}")
@@ -643,15 +652,15 @@ def generate_rollouts(
     on_ray = hosting.persistent or (len(parts) > 1 and gpus > 1)
     settings = engine_settings(config, max_model_len)
     sampling = {"temperature": config.temperature, "top_p": config.top_p, "max_tokens": config.max_response_tokens}
-    results, generate_seconds = _generate_parts(source, checkpoint_dir, settings, sampling, parts, on_ray=on_ray,
-                                                hosting=hosting)
+    results, generate_seconds, weights_from = _generate_parts(source, checkpoint_dir, settings, sampling, parts,
+                                                              on_ray=on_ray, hosting=hosting)
     rows = _rollout_rows(results, checkpoint_id=info.checkpoint_id, seed=seed, policy_version=policy_version,
                          generation_round=generation_round)
     manifest = _manifest(
         rows, config, source=source, checkpoint_id=info.checkpoint_id, policy_version=policy_version,
         generation_round=generation_round, seed=seed, max_model_len=max_model_len, engines=len(parts),
         backend="ray-persistent" if hosting.persistent else "ray" if on_ray else "in-process", prompts=len(problems),
-        seconds=time.perf_counter() - started, generate_seconds=generate_seconds,
+        seconds=time.perf_counter() - started, generate_seconds=generate_seconds, weights_from=weights_from,
     )
     return rows, manifest
 

@@ -235,22 +235,32 @@ def _refresh_cpu_output_projections(model: torch.nn.Module) -> None:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
-def reload_weights(llm: LLM, checkpoint_dir: str | Path) -> float:
+def reloads_in_process() -> bool:
+    """True when the engine core runs in this process, so a reload can be handed tensors held in memory."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+
+
+def reload_weights(llm: LLM, checkpoint_dir: str | Path, weights: Sequence[tuple[str, torch.Tensor]] | None = None) -> float:
     """Load ``checkpoint_dir``'s weights into the running engine in place; returns seconds taken.
 
     Uses the workers' ``reload_weights`` (vLLM re-runs its own loader, including the CPU
     backend's weight repacking; calling ``model.load_weights`` directly fails on CPU), then
     drops the prefix cache, whose KV entries were computed with the old weights. On CPU the
     packed LM-head copy of tied embeddings is rebuilt too (see _refresh_cpu_output_projections).
+    ``weights``: the folder's tensors, already in memory (``(name, tensor)`` as its files hold them;
+    in-process engines only, :func:`reloads_in_process`), read instead of its files.
     """
     started = time.perf_counter()
     folder = Path(checkpoint_dir)
-    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+    if weights is not None and not reloads_in_process():
+        raise ValueError("weights in memory reach only an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+    if reloads_in_process():
         # In-process: hand the worker an iterator over the new tensors; vLLM's warnings about the
         # layers a checkpoint has no tensors for by design are dropped (engines/rollout/reload_warnings.py).
         tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"))
+        tensors = iter(weights) if weights is not None else _safetensors_weights(folder)
         with reload_warnings.expected_only(reload_warnings.expected_missing(tied)):
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _safetensors_weights(folder)})
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
     else:
         # Engine core in another process: the worker reads the folder itself.
         llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
@@ -285,10 +295,25 @@ def _weights_key(checkpoint_dir: Path) -> str:
     return f"{checkpoint_dir.resolve()}|{stamp}"
 
 
-def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LLM, str]:
+def needs_weights(checkpoint_dir: str | Path, settings: EngineSettings) -> bool:
+    """True when ``get_engine`` would read weights for ``checkpoint_dir``: no engine of these settings and
+    architecture in this process yet (a start, which reads the folder's files), or one holding others."""
+    folder = Path(checkpoint_dir)
+    cached = _ENGINES.get((settings.cache_key(), architecture_digest(folder)))
+    return cached is None or cached.weights_key != _weights_key(folder)
+
+
+def holds_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> bool:
+    """True when this process has an engine of these settings and ``checkpoint_dir``'s architecture."""
+    return (settings.cache_key(), architecture_digest(Path(checkpoint_dir))) in _ENGINES
+
+
+def get_engine(checkpoint_dir: str | Path, settings: EngineSettings,
+               weights: Sequence[tuple[str, torch.Tensor]] | None = None) -> tuple[LLM, str]:
     """An engine holding ``checkpoint_dir``'s weights, reused within this process when possible.
 
-    Returns ``(llm, how)`` where ``how`` is ``"started"``, ``"reused"`` or ``"reloaded"``.
+    Returns ``(llm, how)`` where ``how`` is ``"started"``, ``"reused"``, ``"reloaded"`` or, given the
+    folder's ``weights`` in memory for a reload (:func:`reload_weights`), ``"reloaded from memory"``.
     """
     folder = Path(checkpoint_dir)
     key = (settings.cache_key(), architecture_digest(folder))
@@ -307,18 +332,20 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> tuple[LL
         cached.asleep = False
     if cached.weights_key == wanted:
         return cached.llm, "reused"
-    reload_weights(cached.llm, folder)
+    reload_weights(cached.llm, folder, weights)
     cached.checkpoint_dir, cached.weights_key = folder, wanted
-    return cached.llm, "reloaded"
+    return cached.llm, "reloaded" if weights is None else "reloaded from memory"
 
 
 @contextlib.contextmanager
-def engine_for_call(checkpoint_dir: str | Path, settings: EngineSettings) -> Iterator[tuple[LLM, str]]:
+def engine_for_call(checkpoint_dir: str | Path, settings: EngineSettings,
+                    weights: Sequence[tuple[str, torch.Tensor]] | None = None) -> Iterator[tuple[LLM, str]]:
     """Hold the engine (:func:`engine_in_use`) awake with ``checkpoint_dir``'s weights for one call:
-    yields ``get_engine``'s ``(llm, how)``. With ``settings.sleep_between_calls`` the engine leaves the
-    GPU when the call ends, even a failed one: asleep, or released where sleep mode is unavailable."""
+    yields ``get_engine``'s ``(llm, how)`` (``weights``: see there). With ``settings.sleep_between_calls``
+    the engine leaves the GPU when the call ends, even a failed one: asleep, or released where sleep mode
+    is unavailable."""
     with _IN_USE:
-        llm, how = get_engine(checkpoint_dir, settings)
+        llm, how = get_engine(checkpoint_dir, settings, weights)
         try:
             yield llm, how
         finally:

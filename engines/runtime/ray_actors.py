@@ -32,14 +32,20 @@ def attach(hosting: EngineHosting) -> None:
         ray.init(address=address, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
 
 
-def named(actor_class: type, name: str, namespace: str, *, num_gpus: int, num_cpus: int | None = None) -> Any:
+def named(actor_class: type, name: str, namespace: str, *, num_gpus: int, num_cpus: int | None = None,
+          concurrency_groups: dict[str, int] | None = None) -> Any:
     """The live actor ``name`` of ``namespace``, else a new detached one of ``actor_class`` (``get_if_exists``:
     two tasks asking at once get the same actor, never two). A dead actor whose name is not yet freed is
     returned as it is: its first call raises, and the caller ``forget``s it and asks again. ``num_cpus``
-    None: Ray's default for an actor (one CPU held while it lives)."""
+    None: Ray's default for an actor (one CPU held while it lives). ``concurrency_groups``: threads for the
+    methods ``ray.method`` puts in a group (answered while a call of the default group runs)."""
     import ray
 
-    resources = {"num_gpus": num_gpus} if num_cpus is None else {"num_gpus": num_gpus, "num_cpus": num_cpus}
+    resources: dict[str, Any] = {"num_gpus": num_gpus}
+    if num_cpus is not None:
+        resources["num_cpus"] = num_cpus
+    if concurrency_groups:
+        resources["concurrency_groups"] = concurrency_groups
     remote = ray.remote(**resources)(actor_class)
     return remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
                           max_restarts=0).remote()

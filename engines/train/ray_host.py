@@ -17,6 +17,11 @@ actor dies during the call runs once more on a fresh actor (a step it published 
 engines/train/publish.py: reusable_step); twice: ``TrainStepError``. Removal with the engines: a run's
 ``hosted_for_run`` and ``dapo engines release`` (engines/rollout/ray_engines.py: release). Design notes:
 docs/WARM_ENGINES.md, "Train host".
+
+In-memory hand-off: after each step the host puts the export it just published (read back from its node's
+disk, where the ranks wrote it) into its node's Ray object store, and answers ``held_weights`` from a thread of
+its own while the next step trains; the engines take the weights from there instead of the run store
+(engines/rollout/host_weights.py). The checkpoint is published as before, for lineage and resume.
 """
 
 from __future__ import annotations
@@ -27,13 +32,19 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import ray
 
 from engines.runtime import ray_actors
 from engines.runtime.environ import overlay
 from engines.train.publish import TrainStepError, TrainStepResult
 from settings.rollout import EngineHosting
 from settings.train import TrainConfig
+from storage import checkpoints, run_store
+
+WEIGHTS_GROUP = "weights"  # the concurrency group of ``held_weights``: answered while a step trains
 
 
 @dataclass(frozen=True)
@@ -68,25 +79,57 @@ class TrainHost:
 
     def __init__(self) -> None:
         self._steps = 0
+        self._held: tuple[str, Any] | None = None  # (checkpoint id, object ref of its export's tensors)
 
     def train(self, run: Callable[..., TrainStepResult], call: HostedStep) -> TrainStepResult:
         self._steps += 1
         with _rank_threads(call.rank_threads):
-            return run(call.checkpoint_dir, call.scored_shards, call.out_dir, step=call.step, config=call.config,
-                       hosting=EngineHosting())
+            result = run(call.checkpoint_dir, call.scored_shards, call.out_dir, step=call.step, config=call.config,
+                         hosting=EngineHosting())
+        self._held = _put_export(call.out_dir, result.checkpoint_id)
+        return result
+
+    @ray.method(concurrency_group=WEIGHTS_GROUP)
+    def held_weights(self, checkpoint_id: str) -> list[Any]:
+        """``[ref]`` to the tensors of ``checkpoint_id``'s export when this host holds them, else ``[]`` (the
+        ref in a list, so the caller gets the ref and fetches the tensors itself, from any node)."""
+        held = self._held
+        return [held[1]] if held is not None and held[0] == checkpoint_id else []
 
     def start_workers(self, start: Callable[..., None], config: TrainConfig, rank_threads: str) -> None:
         with _rank_threads(rank_threads):
             start(config, hosting=EngineHosting())
 
     def status(self) -> HostStatus:
-        import ray
-
         from engines.train import server
 
         group = server.active_group()
         return HostStatus(pid=os.getpid(), node_id=ray.get_runtime_context().get_node_id(), steps=self._steps,
                           history=list(group.history) if group else [], rank_pids=group.pids() if group else [])
+
+
+def _put_export(out_dir: str, checkpoint_id: str) -> tuple[str, Any] | None:
+    """The step's export, read from this node's copy of ``out_dir`` (what the ranks wrote; a step reused from
+    the store has none here) into the object store: ``(checkpoint_id, ref)``, else None."""
+    folder = run_store.local_path(out_dir)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files or not (folder / checkpoints.METADATA_FILE).is_file():
+        return None
+    if checkpoints.read_info(folder).checkpoint_id != checkpoint_id:
+        return None
+    return checkpoint_id, ray.put(export_tensors(files))
+
+
+def export_tensors(files: list[Path]) -> list[tuple[str, Any]]:
+    """``(name, tensor)`` of every tensor of ``files`` (safetensors), in file and key order: what an engine's
+    reload from the folder reads (engines/rollout/vllm_engine.py: reload_weights)."""
+    from safetensors.torch import safe_open
+
+    tensors = []
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            tensors.extend((name, handle.get_tensor(name)) for name in handle.keys())
+    return tensors
 
 
 @contextlib.contextmanager
@@ -110,15 +153,14 @@ def _host(engine_key: str, num_processes: int, hosting: EngineHosting) -> tuple[
     ray_actors.attach(hosting)
     name = host_name(engine_key)
     gpus = num_processes if torch.cuda.is_available() else 0
-    return name, ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0)
+    return name, ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0,
+                                  concurrency_groups={WEIGHTS_GROUP: 1})
 
 
 def train_step(run: Callable[..., TrainStepResult], call: HostedStep, hosting: EngineHosting) -> TrainStepResult:
     """Run ``call`` on the train host (found or started) with ``run`` (launch.py: train_step_in_store); a
     host that is dead, or dies during the call, is replaced and the step runs once more. A failure of the
     step itself is raised as the host raised it."""
-    import ray
-
     for _attempt in (1, 2):
         name, host = _host(call.engine_key, call.config.num_processes, hosting)
         try:
@@ -150,7 +192,5 @@ def start_workers(start: Callable[..., None], config: TrainConfig, engine_key: s
 
 def status(engine_key: str, hosting: EngineHosting) -> HostStatus:
     """The status of the live train host for ``engine_key`` (ValueError when none lives)."""
-    import ray
-
     ray_actors.attach(hosting)
     return ray.get(ray.get_actor(host_name(engine_key), namespace=hosting.ray_namespace).status.remote())

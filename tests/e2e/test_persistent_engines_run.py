@@ -7,7 +7,8 @@ node), where every rollout and evaluation round runs on the run's named, detache
 (engines/rollout/ray_engines.py) and every training step on its train host (engines/train/ray_host.py).
 The checkpoint ids and held-out results must be equal, bit for bit; every round's manifest must name the
 long-lived engines; step 2 must continue the train host's group in memory, a group the driver never
-started; and when the run ends no actor of its namespace may be left on the cluster.
+started, and its rollout must take step 1's weights from the host's memory; and when the run ends no
+actor of its namespace may be left on the cluster.
 """
 
 from __future__ import annotations
@@ -95,9 +96,15 @@ def test_a_run_on_long_lived_engine_actors_gives_the_plain_runs_checkpoints_and_
     for step in range(1, STEPS + 1):
         manifests = run_store.glob(layout.step_dir(step), "rollouts/*.manifest.json")
         assert manifests
+        weights_from = set()
         for manifest in manifests:
             record = json.loads(run_store.read_text(manifest))
             assert (record["engine_backend"], record["engines"]) == ("ray-persistent", 2), manifest
+            weights_from.update(record["engine_weights"])
+        # After step 1 every new checkpoint reached the engines from the train host's memory, never the files.
+        if step > 1:
+            assert "reloaded from memory" in weights_from and weights_from <= {"reloaded from memory", "reused"}, \
+                (step, weights_from)
     # The cluster is this test's alone: after the run, no engine actor or train host in any namespace.
     left = ray.util.list_named_actors(all_namespaces=True)
     assert left == [], f"the run left actors behind: {left}"

@@ -3,7 +3,7 @@
 A fresh process, as a Flyte task's pod is: it writes one Rollout shard with engines/rollout/stage.py
 (``rollout_shard``, what tasks/rollout.py runs) for the checkpoint, problems and round in ARGS, with the
 engine hosting its environment names (settings/rollout.py: EngineHosting.from_environ), then prints
-the manifest's engine backend and engine count as one JSON line.
+the manifest's engine backend, engine count and how each engine got the weights as one JSON line.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def main() -> int:
                         RolloutConfig(**args["config"]), seed=args["seed"], policy_version=args["policy_version"],
                         generation_round=args["generation_round"], engines=args.get("engines"))
     manifest = json.loads(Path(manifest_path(out)).read_text())
-    print(json.dumps({"engine_backend": manifest["engine_backend"], "engines": manifest["engines"]}))
+    print(json.dumps({key: manifest[key] for key in ("engine_backend", "engines", "engine_weights")}))
     return 0
 
 

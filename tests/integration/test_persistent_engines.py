@@ -14,7 +14,8 @@ processes (tests/integration/train_task_main.py, what tasks/train.py runs) conti
 group in memory, a kill -9 of the actor or of a rank makes the next step run from the published
 checkpoint, a kill -9 of the actor during a step has a fresh actor run it once more (twice: TrainStepError),
 and every step gives the checkpoint id of the plain local run. A run's end and
-``dapo engines release`` remove it with the engines.
+``dapo engines release`` remove it with the engines. A step trained on the host reaches the engines from
+the host's memory (engines/rollout/host_weights.py), the checkpoint's weight files hidden meanwhile.
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def _rollout_task(inputs: dict[str, Any], step: int, out: Path, hosting: EngineH
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _where(task: dict[str, Any]) -> tuple[str, int]:
+    """A rollout task's engine backend and engine count."""
+    return task["engine_backend"], task["engines"]
+
+
 @pytest.fixture(scope="module")
 def in_process_shards(inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[int, bytes]:
     """Steps 1 and 2's shards written by the in-process engine (no hosting, no Ray), one process each."""
@@ -118,7 +124,7 @@ def in_process_shards(inputs: dict[str, Any], tmp_path_factory: pytest.TempPathF
     shards = {}
     for step in (1, 2):
         out = folder / f"step-{step}.parquet"
-        assert _rollout_task(inputs, step, out, None) == {"engine_backend": "in-process", "engines": 2}
+        assert _where(_rollout_task(inputs, step, out, None)) == ("in-process", 2)
         shards[step] = out.read_bytes()
     return shards
 
@@ -165,29 +171,6 @@ def _namespace_actors(namespace: str) -> list[str]:
 
 def _hosting(cluster: Any) -> EngineHosting:
     return EngineHosting(ray_address=cluster.address, namespace=f"test-{uuid.uuid4().hex[:8]}")
-
-
-def test_persistent_engines_outlive_each_task_process_and_write_the_in_process_shards(
-    cluster: Any, inputs: dict[str, Any], in_process_shards: dict[int, bytes], tmp_path: Path
-) -> None:
-    hosting = _hosting(cluster)
-    try:
-        pids = []
-        for step in (1, 2):
-            out = tmp_path / f"step-{step}.parquet"
-            assert _rollout_task(inputs, step, out, hosting) == {"engine_backend": "ray-persistent", "engines": 2}
-            assert out.read_bytes() == in_process_shards[step], f"step {step}: the shard differs from the in-process one"
-            pids.append(_engine_pids(hosting.namespace))
-        assert pids[0] == pids[1]  # the engines outlived the first task's process
-        assert len(set(pids[0])) == 2
-        # Step 2's checkpoint reached each engine by reload: one engine per actor, holding it now.
-        for name in ENGINES:
-            held = _ask(ray.get_actor(name, namespace=hosting.namespace), _held_checkpoints)
-            assert held == [inputs["checkpoints"][1]], (name, held)
-    finally:
-        released = ray_engines.release(hosting)
-    assert released == ENGINES
-    assert _namespace_actors(hosting.namespace) == []
 
 
 def test_kill_9_of_an_engine_between_and_during_calls_restarts_it_from_the_named_checkpoint(
@@ -379,4 +362,57 @@ def test_the_train_host_keeps_the_warm_group_across_task_processes_and_comes_bac
     finally:
         released = ray_engines.release(hosting)
     assert released == [ray_host.host_name(key)]
+    assert _namespace_actors(hosting.namespace) == []
+
+
+# --- the in-memory hand-off (engines/rollout/host_weights.py) -------------------------------------------
+
+
+def test_persistent_engines_outlive_each_task_and_take_the_train_hosts_new_checkpoint_from_its_memory(
+    cluster: Any, inputs: dict[str, Any], in_process_shards: dict[int, bytes], tmp_path: Path
+) -> None:
+    """The engines outlive each task process; a step trained on the host reaches them in memory; a
+    checkpoint the host does not hold, or any once the host is dead, comes from the files by reload; every
+    shard is the in-process engine's."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from train_fixtures import random_batch, write_scored
+
+    from engines.train import ray_host
+    from engines.train.launch import engine_key
+
+    hosting = _hosting(cluster)
+    ck0 = inputs["checkpoints"][0]
+    vocab = json.loads((Path(ck0) / "config.json").read_text())["vocab_size"]
+    batch = str(write_scored(tmp_path / "batch1.parquet", random_batch(1, 8, vocab=vocab)))
+    try:
+        trained = _hosted_step({"shards": {1: batch}}, 1, ck0, tmp_path / "s1", hosting)
+        policies = {**inputs, "checkpoints": [ck0, trained.checkpoint_dir]}
+        first = _rollout_task(policies, 1, tmp_path / "r1.parquet", hosting)  # from ck0: the engines start
+        assert _where(first) == ("ray-persistent", 2)
+        assert (tmp_path / "r1.parquet").read_bytes() == in_process_shards[1]
+        pids = _engine_pids(hosting.namespace)
+        assert len(set(pids)) == 2
+        # From the host's new checkpoint, its weight files hidden: the host's memory is the only place to get them.
+        files = sorted(Path(trained.checkpoint_dir).glob("*.safetensors"))
+        for path in files:
+            path.rename(path.with_name(path.name + ".hidden"))
+        second = _rollout_task(policies, 2, tmp_path / "r2.parquet", hosting)
+        for path in files:
+            path.with_name(path.name + ".hidden").rename(path)
+        assert (first["engine_weights"], second["engine_weights"]) == (["started"] * 2, ["reloaded from memory"] * 2)
+        assert _engine_pids(hosting.namespace) == pids  # the engines outlived the first task's process
+        for name in ENGINES:  # one engine per actor, holding the new checkpoint now
+            held = _ask(ray.get_actor(name, namespace=hosting.namespace), _held_checkpoints)
+            assert held == [trained.checkpoint_dir], (name, held)
+        plain = _rollout_task(policies, 2, tmp_path / "plain" / "r2.parquet", None)
+        assert plain["engine_weights"] == ["started", "reused"]  # no hosting: one engine, from the files
+        assert (tmp_path / "r2.parquet").read_bytes() == (tmp_path / "plain" / "r2.parquet").read_bytes()
+
+        os.kill(ray_host.status(engine_key(TRAIN), hosting).pid, signal.SIGKILL)  # the host and its objects
+        back = _rollout_task(policies, 1, tmp_path / "r1-again.parquet", hosting)
+        assert back["engine_weights"] == ["reloaded"] * 2
+        assert (tmp_path / "r1-again.parquet").read_bytes() == in_process_shards[1]
+    finally:
+        released = ray_engines.release(hosting)
+    assert released == ENGINES  # the killed host is gone already
     assert _namespace_actors(hosting.namespace) == []

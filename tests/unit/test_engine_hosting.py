@@ -113,7 +113,7 @@ def _stub_round_inputs(monkeypatch: pytest.MonkeyPatch, ro: typing.Any) -> None:
     from pathlib import Path
 
     monkeypatch.setattr(ro.pruning, "require_weights", lambda source: None)
-    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source: Path(source))
+    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source, **kw: Path(source))
     monkeypatch.setattr(ro.checkpoints, "read_info", lambda folder: type("Info", (), {"checkpoint_id": "c"})())
     monkeypatch.setattr(ro, "tokenize_prompts", lambda folder, prompts, **kw: [[1, 2] for _ in prompts])
 

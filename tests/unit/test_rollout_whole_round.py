@@ -20,7 +20,7 @@ def _requests(problems: int, samples: int) -> list[dict[str, Any]]:
 
 
 def _fake_engine(drop: tuple[str, int] | None):
-    def generate_part(checkpoint_dir, settings, sampling, requests, label=""):
+    def generate_part(checkpoint_dir, settings, sampling, requests, label="", weights=None):
         kept = [r for r in requests if (r["problem_id"], r["sample_index"]) != drop]
         return ro.GeneratedPart([{**r, "response_token_ids": [7]} for r in kept], 0.1)
     return generate_part
@@ -39,7 +39,7 @@ def test_a_round_missing_one_request_is_an_engine_fault_naming_it(monkeypatch: p
 def test_a_whole_round_comes_back_in_request_order(monkeypatch: pytest.MonkeyPatch) -> None:
     parts = ro.split_parts(_requests(4, 3), 2)
     monkeypatch.setattr(ro, "generate_part", _fake_engine(drop=None))
-    results, seconds = ro._generate_parts("ckpt", "ckpt", None, {}, parts, on_ray=False)
+    results, seconds, _how = ro._generate_parts("ckpt", "ckpt", None, {}, parts, on_ray=False)
     assert [(r["problem_id"], r["sample_index"]) for r in results] == [
         (r["problem_id"], r["sample_index"]) for part in parts for r in part]
     assert seconds == pytest.approx(0.2)

@@ -114,7 +114,7 @@ def test_a_driver_given_ray_address_attaches_to_that_cluster_and_spreads_the_rou
     monkeypatch.setattr(ray, "init", lambda *a, **kw: joined.append(kw))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"GPU": 2.0, "CPU": 2.0})
     monkeypatch.setattr(ro.pruning, "require_weights", lambda source: None)
-    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source: Path(source))
+    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source, **kw: Path(source))
     monkeypatch.setattr(ro.checkpoints, "read_info", lambda folder: type("Info", (), {"checkpoint_id": "c"})())
     monkeypatch.setattr(ro, "tokenize_prompts", lambda folder, prompts, **kw: [[1, 2] for _ in prompts])
 
@@ -137,7 +137,7 @@ def test_without_ray_address_a_round_starts_no_ray(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(ray, "init", lambda *a, **kw: pytest.fail("ray.init called without RAY_ADDRESS"))
     monkeypatch.setattr(ro.pruning, "require_weights", lambda source: None)
-    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source: Path(source))
+    monkeypatch.setattr(ro.checkpoints, "fetch_policy", lambda source, **kw: Path(source))
     monkeypatch.setattr(ro.checkpoints, "read_info", lambda folder: type("Info", (), {"checkpoint_id": "c"})())
     monkeypatch.setattr(ro, "tokenize_prompts", lambda folder, prompts, **kw: [[1, 2] for _ in prompts])
     monkeypatch.setattr(ro.vllm_engine, "gpu_count", lambda: 0)
