@@ -148,8 +148,10 @@ class _Terms:
     calls: float  # rollout and evaluate task calls a step
     upload_s: float  # train uploads the whole checkpoint: rank 0's node the export and its share of the state
     export_upload_s: float  # train uploads the export alone: rank 0's node
-    nodes_fetch_s: float  # the engine nodes and the task body each fetch the weights
-    pod_fetch_s: float  # one pod fetches the weights
+    nodes_fetch_s: float  # the engine nodes each fetch the weights
+    nodes_and_head_fetch_s: float  # the engine nodes and the Ray head (a RayJob's task body) each fetch them
+    host_put_s: float  # the train host reads the export back from its disk into its node's object store
+    host_pull_s: float  # the engine nodes take the weights from the train host's node over the interconnect
     train_fetch_s: float  # each train node fetches its ranks' share of the parent's state
     load_s: float  # an engine loads the weights into its GPUs
     start: EngineStart
@@ -257,23 +259,24 @@ def step_handoff(
     terms = _Terms(
         w, o, tn, rn, plan.rollout_engines, tp, calls_per_step(t.generation_rounds, evaluate_every_steps),
         upload_s=transfer_seconds(w + o, w + o / tn, bw), export_upload_s=transfer_seconds(w, w, bw),
-        nodes_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
-        pod_fetch_s=transfer_seconds(w, w, bw), train_fetch_s=transfer_seconds(o, o / tn, bw),
+        nodes_fetch_s=transfer_seconds(rn * w, w, bw), nodes_and_head_fetch_s=transfer_seconds((rn + 1) * w, w, bw),
+        host_put_s=w / bw.local_disk_bytes_per_s, host_pull_s=rn * w / bw.interconnect_bytes_per_s,
+        train_fetch_s=transfer_seconds(o, o / tn, bw),
         load_s=engine_start.load_s(w, tp), start=engine_start,
     )
     lanes = _lanes_b(terms)
     b = _cost("b) persistent engine actors, fresh train pods (as built with a persistent Ray cluster)",
-              [*lanes.rollout, *lanes.train], w + o, (rn + 1) * w + (terms.calls - 1) * w + o, step_s)
+              [*lanes.rollout, *lanes.train], w + o, rn * w + o, step_s)
     pipelined, pipelined_step_s = _pipelined(_overlapped(lanes, terms, bw), b, generation_s, training_s)
     # Disk for the mirrors of an object-store run (as implemented): engine nodes keep the weights of
     # their latest checkpoints; a train pod holds the parent it fetched and the checkpoint it writes.
     mirror_rollout, mirror_train = MIRRORED_CHECKPOINTS * w, o // tn + (w + o // tn)
     return StepHandoff(
         w, o, generation_s, training_s, step_s, _path_a(terms, bw, step_s), b, _path_c(terms, lanes, step_s),
-        _path_d(terms, lanes, step_s), _path_e(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw,
+        _path_d(terms, step_s), _path_e(terms, bw, generation_s, k, step_s), pipelined, pipelined_step_s, bw,
         t, engine_start, terms.calls,
         terms.load_s, k,
-        mirror_rollout, mirror_train, tn, persistent_ranks_state_every_k=_path_d(terms, lanes, step_s, k),
+        mirror_rollout, mirror_train, tn, persistent_ranks_state_every_k=_path_d(terms, step_s, k),
     )
 
 
@@ -311,18 +314,15 @@ def _train_fresh_pods(terms: _Terms) -> tuple[Transfer, ...]:
 
 
 def _lanes_b(terms: _Terms) -> _Lanes:
-    """Persistent engines: the new weights fetched and reloaded once a step; each task body a fresh pod."""
-    rn, w, further = terms.rollout_nodes, terms.w, terms.calls - 1
-    rollout = [
-        Transfer(f"rollout: {rn} engine node(s) and the task body fetch the weights, once a step (no optimizer "
-                 "state)", (rn + 1) * w, terms.nodes_fetch_s, terms.nodes_fetch_s, True),
+    """Persistent engines: the new weights fetched by the engine nodes and reloaded once a step (a task body
+    reads the config and tokenizer alone: engines/rollout/stage.py); fresh train pods."""
+    rn, w = terms.rollout_nodes, terms.w
+    rollout = (
+        Transfer(f"rollout: {rn} engine node(s) fetch the weights, once a step (no optimizer state; each task body "
+                 "reads the config and tokenizer alone)", rn * w, terms.nodes_fetch_s, terms.nodes_fetch_s, True),
         _reload(terms, terms.load_s),
-    ]
-    if further > 0:
-        rollout.append(Transfer(f"rollout/evaluate: the task body of each further call ({further:g} a step), a fresh "
-                                "pod, fetches the weights again", w, terms.pod_fetch_s, further * terms.pod_fetch_s,
-                                True))
-    return _Lanes(tuple(rollout), _train_fresh_pods(terms))
+    )
+    return _Lanes(rollout, _train_fresh_pods(terms))
 
 
 def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
@@ -333,7 +333,7 @@ def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
                  "start, Ray up", 0, start.ray_cluster_start_s, calls * start.ray_cluster_start_s, True,
                  via_store=False),
         Transfer(f"rollout/evaluate: per call, {rn} engine node(s) and the Ray head fetch the weights into empty "
-                 "mirrors", (rn + 1) * w, terms.nodes_fetch_s, calls * terms.nodes_fetch_s, True),
+                 "mirrors", (rn + 1) * w, terms.nodes_and_head_fetch_s, calls * terms.nodes_and_head_fetch_s, True),
         Transfer(f"rollout/evaluate: per call, {terms.engines} engine(s) start: vLLM init", 0, start.engine_init_s,
                  calls * start.engine_init_s, True, via_store=False),
         Transfer(f"rollout/evaluate: per call, the engines load the weights ({w / terms.tensor_parallel / GB:,.1f} GB "
@@ -343,13 +343,23 @@ def _path_c(terms: _Terms, lanes: _Lanes, step_s: float) -> HandoffCost:
     return _cost(name, [*per_call, *lanes.train], w + terms.o, calls * (rn + 1) * w + terms.o, step_s)
 
 
-def _path_d(terms: _Terms, lanes: _Lanes, step_s: float, state_every: int = 1) -> HandoffCost:
-    """Persistent engines and train ranks as built (engines/train/ray_host.py): b's rollout lane; the warm
-    group neither starts nor fetches the parent (it holds the state, and the parent is in its node's
-    mirror, published from there), and still publishes every step before the step returns (the code
-    publishes nothing in the background), which the engines then fetch from the store. ``state_every``
+def _path_d(terms: _Terms, step_s: float, state_every: int = 1) -> HandoffCost:
+    """Persistent engines and train ranks as built (engines/train/ray_host.py): the warm group neither
+    starts nor fetches the parent (it holds the state, and the parent is in its node's mirror, published
+    from there), and still publishes every step before the step returns (the code publishes nothing in the
+    background). The engines take the new weights from the host's memory (engines/rollout/host_weights.py):
+    the host reads the export back into its node's object store before the step returns, the engine nodes
+    pull it over the interconnect, nothing is read from the store. ``state_every``
     (train.optimizer_state_every): the optimizer state is in that publish on one step in so many."""
-    w, o, k = terms.w, terms.o, state_every
+    w, o, k, rn = terms.w, terms.o, state_every, terms.rollout_nodes
+    rollout = [
+        Transfer("train: the train host reads the export back from its disk into its node's Ray object store "
+                 "before the step returns", w, terms.host_put_s, terms.host_put_s, True, via_store=False),
+        Transfer(f"rollout: {rn} engine node(s) take the weights from the train host's node over the interconnect "
+                 "(Ray's object store), once a step", rn * w, terms.host_pull_s, terms.host_pull_s, True,
+                 via_store=False),
+        _reload(terms, terms.load_s, "take them from memory"),
+    ]
     name = "d) persistent engines and train ranks (as built with a persistent Ray cluster and the train host)"
     upload = _train_upload(terms, "the warm group publishes every step before it returns: ")
     if k > 1:
@@ -358,8 +368,7 @@ def _path_d(terms: _Terms, lanes: _Lanes, step_s: float, state_every: int = 1) -
         critical = terms.export_upload_s + (terms.upload_s - terms.export_upload_s) / k
         upload = dataclasses.replace(upload, what=f"{upload.what} on one step in {k}, the export alone on the others",
                                      critical_s=critical)
-    return _cost(name, [*lanes.rollout, upload], w + o // k, (terms.rollout_nodes + 1) * w + (terms.calls - 1) * w,
-                 step_s)
+    return _cost(name, [*rollout, upload], w + o // k, 0, step_s)
 
 
 def _background(upload_s: float, window_s: float) -> float:
