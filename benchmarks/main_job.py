@@ -75,8 +75,10 @@ def _fresh_caches(root: Path) -> dict[str, str]:
     return env
 
 
-def _run(config: str, sets: list[str], run_root: Path, env: dict[str, str]) -> tuple[float, dict]:
-    args = [*_dapo(), "run", "--config", config, "--run-root", str(run_root)]
+def _run(config: str, sets: list[str], run_root: Path, env: dict[str, str],
+         dapo: list[str] | None = None) -> tuple[float, dict]:
+    """``dapo run`` (``dapo``: another command standing for it) of ``config`` with ``sets``; seconds and summary."""
+    args = [*(dapo or _dapo()), "run", "--config", config, "--run-root", str(run_root)]
     for item in sets:
         args += ["--set", item]
     started = time.perf_counter()

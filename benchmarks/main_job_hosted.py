@@ -1,19 +1,23 @@
-"""The main job on long-lived Ray actors against the plain local run: the same checkpoint ids, and the speed.
+"""The main job three ways, the plain local run and two on a Ray cluster: the same checkpoint ids, and the speed.
 
-Runs `dapo run --config configs/tiny-cpu.yaml` (all 75 steps unless ``--steps``) twice, one after the other
-on this machine:
+Runs `dapo run --config configs/tiny-cpu.yaml` (all 75 steps unless ``--steps``) three times, one after the
+other on this machine:
 
 - ``in-process``: the plain local run (the vLLM engine and the warm DeepSpeed group in the driver);
 - ``persistent actors``: the same command with ``DAPO_ENGINES_RAY_ADDRESS`` naming a two-node
   ``ray.cluster_utils.Cluster`` started here (one CPU and one logical GPU per node), so every rollout and
   evaluation round runs on the run's named, detached engine actors and every train step on its train host
-  (settings/rollout.py: EngineHosting; engines/train/ray_host.py), as the tasks of a cluster would.
+  (settings/rollout.py: EngineHosting; engines/train/ray_host.py), as the tasks of a cluster would;
+- ``restarted every call``: on the same cluster, every rollout and evaluation call on engine actors started
+  for it and removed after it (benchmarks/restarted_every_call.py), and every train step a cold launch
+  (``train.keep_workers_warm=false``): open-source Flyte's RayJob per call and fresh train pods, without the
+  pods' and Ray's own starts.
 
-Every checkpoint id of the two runs must be equal, and the held-out results too (checked: exit 1 and the
+Every checkpoint id of the three runs must be equal, and the held-out results too (checked: exit 1 and the
 first differing step otherwise). Prints each way's steps/min over the step loop (evaluations excluded, as
-benchmarks/main_job.py counts them), the ratio, and the 1-minute load average over each run. The driver's
-task calls run in one process either way: a cluster's fresh task pod per call (its start, imports and Ray
-attach) is not in this figure; benchmarks/warm_engines.py measures that, and the actors restarted every call.
+benchmarks/main_job.py counts them), the ratios to in-process, and the 1-minute load average over each run.
+The driver's task calls run in one process every way: a cluster's fresh task pod per call (its start,
+imports and Ray attach) is not in this figure; benchmarks/warm_engines.py measures that over 3 steps.
 Writes benchmarks/results/main_job_hosted.json (``--out``).
 
     .venv/bin/python benchmarks/main_job_hosted.py [--steps N] [--keep DIR]
@@ -41,7 +45,8 @@ from settings.rollout import ENGINES_NAMESPACE_ENV, ENGINES_RAY_ADDRESS_ENV  # n
 from storage import checkpoints  # noqa: E402
 from storage.run_layout import RunLayout  # noqa: E402
 
-WAYS = ("in-process", "persistent actors")
+WAYS = ("in-process", "persistent actors", "restarted every call")
+RESTARTED = [sys.executable, str(Path(__file__).resolve().parent / "restarted_every_call.py")]  # + the Ray address
 
 
 # Each way's own settings on top of this process's environment, which main() clears of every Ray address
@@ -50,11 +55,12 @@ PLAIN_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 RAY_ADDRESSES = ("RAY_ADDRESS", ENGINES_RAY_ADDRESS_ENV, ENGINES_NAMESPACE_ENV)
 
 
-def _way(name: str, config: str, sets: list[str], root: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One run of the main job; its ids, held-out results and speed."""
+def _way(name: str, config: str, sets: list[str], root: Path, env: dict[str, str],
+         dapo: list[str] | None = None) -> dict[str, Any]:
+    """One run of the main job (``dapo``: the command standing for `dapo`); its ids, held-out results and speed."""
     print(f"{name}: running ...", flush=True)
     with LoadSampler() as sampler:
-        seconds, summary = _run(config, [*sets, f"run.name={name.replace(' ', '-')}"], root, env)
+        seconds, summary = _run(config, [*sets, f"run.name={name.replace(' ', '-')}"], root, env, dapo)
     layout = RunLayout(Path(summary["run_dir"]))
     steps = summary["steps"]
     step_s = step_times(layout, steps)[0]
@@ -101,16 +107,19 @@ def main() -> int:
         with logical_gpu_nodes(2) as address:
             env = PLAIN_ENV | {ENGINES_RAY_ADDRESS_ENV: address, ENGINES_NAMESPACE_ENV: f"bench-{uuid.uuid4().hex[:8]}"}
             hosted = _way(WAYS[1], args.config, sets, root / "hosted", env)
-    differs = first_difference(plain, hosted)
-    ratio = hosted["steps_per_min"] / plain["steps_per_min"]
+            restarted = _way(WAYS[2], args.config, [*sets, "train.keep_workers_warm=false"], root / "restarted",
+                             PLAIN_ENV, [*RESTARTED, address])
+    ways = (plain, hosted, restarted)
+    differs = next((f"{way['way']}: {d}" for way in ways[1:] if (d := first_difference(plain, way))), None)
+    ratios = {way["way"]: round(way["steps_per_min"] / plain["steps_per_min"], 3) for way in ways[1:]}
     print(f"commit {_commit()}, cpu {cpu_model()}; {len(plain['ids']) - 1} steps")
     print(f"checkpoint ids and held-out results: {'EQUAL' if differs is None else 'DIFFER at ' + differs}")
-    print(f"steps/min: in-process {plain['steps_per_min']}, persistent actors {hosted['steps_per_min']} "
-          f"(ratio {ratio:.2f})")
+    print("steps/min: " + ", ".join(f"{way['way']} {way['steps_per_min']}" for way in ways)
+          + "; over in-process: " + ", ".join(f"{name} {ratio:.2f}" for name, ratio in ratios.items()))
     write_result(args.out, {
         "commit": _commit(), "cpu": cpu_model(), "cores": os.cpu_count(), "config": args.config,
-        "overrides": sets, "equal": differs is None, "first_difference": differs, "persistent_over_in_process": ratio,
-        "ways": [{k: v for k, v in way.items() if k != "evals"} for way in (plain, hosted)],
+        "overrides": sets, "equal": differs is None, "first_difference": differs, "over_in_process": ratios,
+        "ways": [{k: v for k, v in way.items() if k != "evals"} for way in ways],
     })
     return 0 if differs is None else 1
 
