@@ -375,11 +375,12 @@ def train_steps(
             (checkpoint_dir / DS_STATE_DIR / DS_META_FILE).is_file()
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
+    replayed = 0  # steps replayed to rebuild the parent's optimizer state (recorded in the timings)
     try:
         if not resume and replay.needs_replay(parent, config):
             if not _held_in_memory(config, parent.checkpoint_id):
-                checkpoint_dir = replay.rebuild(run_store.source_name(checkpoint_dir), config=config,
-                                                into=work_dir / "replay", train=train_steps)
+                checkpoint_dir, replayed = replay.rebuild(run_store.source_name(checkpoint_dir), config=config,
+                                                          into=work_dir / "replay", train=train_steps)
             resume = True
         spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
                             write_state=write_state, probe_input_ids=probe_input_ids, probe_path=probe_path)
@@ -393,6 +394,8 @@ def train_steps(
                 _launch(spec, work_dir, num_processes=config.num_processes, timeout_s=config.timeout_s, step=last_step)
                 worker_metrics, extra = json.loads((work_dir / "metrics.json").read_text()), {"warm_group": 0.0}
             launch_s = time.perf_counter() - t_launch
+            if replayed:
+                extra = {**extra, "replayed_steps": float(replayed)}
             result = publish_step(worker_metrics, extra, launch_s, staging=staging, out_dir=out_dir, config=config,
                                   last_step=last_step, parent_id=parent.checkpoint_id, batches_meta=batches_meta,
                                   resume=resume, t_start=t_start)

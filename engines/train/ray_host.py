@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -174,9 +175,14 @@ def train_step(run: Callable[..., TrainStepResult], call: HostedStep, hosting: E
             cause = getattr(err, "cause", None)
             raise cause if isinstance(cause, Exception) else err
         else:
-            if result.timings.get("warm_fallback"):  # the host's own warning stays in its Ray worker's log
+            # The host's own lines stay in its Ray worker's log: what the run's log must show is said here.
+            if result.timings.get("warm_fallback"):
                 warnings.warn(f"step {call.step}: the train host's warm group was gone; the step ran with a cold "
                               "launch on the host", RuntimeWarning, stacklevel=2)
+            if result.timings.get("replayed_steps"):
+                print(f"[train] step {call.step}: the train host replayed {int(result.timings['replayed_steps'])} "
+                      "step(s) before it to rebuild the optimizer state its parent did not write "
+                      "(train.optimizer_state_every)", file=sys.stderr, flush=True)
             return result
     raise TrainStepError(f"step {call.step}: the train host {hosting.ray_namespace}/{name} died twice running it "
                          "(nothing published); check the Ray cluster's nodes (memory, preemption)")

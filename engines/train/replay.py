@@ -77,8 +77,9 @@ def plan_replay(parent: str) -> ReplayPlan:
         node = ancestor
 
 
-def rebuild(parent: str, *, config: TrainConfig, into: Path, train: Callable[..., TrainStepResult]) -> Path:
-    """A local checkpoint equal to ``parent`` (a path or a URI) with its optimizer state, under ``into``.
+def rebuild(parent: str, *, config: TrainConfig, into: Path, train: Callable[..., TrainStepResult]) -> tuple[Path, int]:
+    """A local checkpoint equal to ``parent`` (a path or a URI) with its optimizer state, under ``into``, and
+    how many steps were replayed to make it.
 
     ``train`` is engines/train/launch.py: train_steps (passed in: the launch imports this module).
     Every replayed step must have been made by this config and train code from the batch it records
@@ -109,4 +110,4 @@ def rebuild(parent: str, *, config: TrainConfig, into: Path, train: Callable[...
         if local.is_relative_to(into):
             shutil.rmtree(local)  # the previous replayed step: its state is loaded into the next one's
         local, resume = out, True
-    return local
+    return local, len(plan.steps)

@@ -365,6 +365,42 @@ def test_the_train_host_keeps_the_warm_group_across_task_processes_and_comes_bac
     assert _namespace_actors(hosting.namespace) == []
 
 
+def test_a_fresh_train_host_replays_the_steps_whose_optimizer_state_was_not_written(
+    cluster: Any, train_inputs: dict[str, Any], local_ids: list[str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """train.optimizer_state_every=2 on the host: step 1 writes no optimizer state; the host is killed; the fresh
+    host replays step 1 from the run folder to rebuild it, and steps 1-2 keep the plain run's ids. The replay is
+    said in the caller's log, not only in the host's Ray worker log."""
+    import shutil
+
+    from engines.train import ray_host
+    from engines.train.launch import engine_key, train_step_in_store
+    from engines.train.spec import DS_STATE_DIR
+    from storage.run_layout import RunLayout
+
+    hosting, every_2 = _hosting(cluster), dataclasses.replace(TRAIN, optimizer_state_every=2)
+    run = RunLayout(str(tmp_path / "run"))
+    Path(run.checkpoints_dir).mkdir(parents=True)
+    shutil.copytree(train_inputs["ck0"], run.checkpoint(0))
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            first = train_step_in_store(run.checkpoint(0), [train_inputs["shards"][1]], run.checkpoint(1), step=1,
+                                        config=every_2, hosting=hosting)
+            assert not (Path(run.checkpoint(1)) / DS_STATE_DIR).exists()
+            host = ray_host.status(engine_key(every_2), hosting)
+            os.kill(host.pid, signal.SIGKILL)  # its ranks' memory held step 1's optimizer state
+            assert _wait_gone(host.rank_pids)
+            capfd.readouterr()
+            second = train_step_in_store(run.checkpoint(1), [train_inputs["shards"][2]], run.checkpoint(2), step=2,
+                                         config=every_2, hosting=hosting)
+        assert [first.checkpoint_id, second.checkpoint_id] == local_ids[:2]
+        assert second.timings["replayed_steps"] == 1.0
+        assert "[train] step 2: the train host replayed 1 step(s)" in capfd.readouterr().err
+    finally:
+        ray_engines.release(hosting)
+
+
 # --- the in-memory hand-off (engines/rollout/host_weights.py) -------------------------------------------
 
 

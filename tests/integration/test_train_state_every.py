@@ -84,6 +84,8 @@ def test_a_cold_start_replays_from_the_last_written_state_and_gives_the_same_ids
     # memory), checks its id, then trains step 4 in memory.
     assert trained["k2_history_after"] == ["reloaded", "continued"]
     assert trained["k2"][4].checkpoint_id == trained["every"][4].checkpoint_id
+    assert trained["k2"][4].timings["replayed_steps"] == 1.0  # recorded, for a train host's caller to say
+    assert "replayed_steps" not in trained["k2"][3].timings  # continued in memory: nothing replayed
     every, k2 = trained["runs"]["every"], trained["runs"]["k2"]
     assert same_state(optimizer_state(every.checkpoint(4)), optimizer_state(k2.checkpoint(4))) == []
     assert checkpoints.read_info(k2.checkpoint(4)).parent_checkpoint_id == trained["every"][3].checkpoint_id
