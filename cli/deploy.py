@@ -172,9 +172,9 @@ def resolve_plan(config: Any, args: argparse.Namespace) -> tuple[sizing.ClusterP
     return plan, overrides
 
 
-def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
+def describe_handoff(config: Any, plan: sizing.ClusterPlan, *, train_on_host: bool = False) -> str:
     """The per-step checkpoint hand-off (infra/handoff.py) and the run's checkpoint storage under
-    its retention policy (``run.keep_*``), for the resolved plan."""
+    its retention policy (``run.keep_*``), for the resolved plan (``train_on_host``: :func:`trains_on_host`)."""
     cost = handoff.step_handoff(plan, prompts_per_step=config.run.prompts_per_step,
                                 prompts_per_round=config.run.prompts_per_round,
                                 samples_per_prompt=config.rollout.samples_per_prompt, precision=config.train.precision,
@@ -185,12 +185,19 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan) -> str:
                                      keep_weights_every=drv.keep_weights_every_steps)
     everything = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes, keep_optimizer_last=0,
                                            keep_weights_every=0)
-    mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row c's "
-            "starts)" if drv.pipelined else
-            "run.pipelined: false (synchronous): row b with a persistent Ray cluster (--engines-ray-address), row c "
-            "without; row d needs the train task to reach the train host, which this deployment's train task (a "
-            "PyTorch Elastic job of fresh pods) does not; `dapo run` with DAPO_ENGINES_RAY_ADDRESS does, for a train group "
-            "on one node")
+    if train_on_host:
+        mode = ("row d: the train task is a client of the train host on the long-lived Ray cluster (--engines-ray-address)"
+                + (f", with train.optimizer_state_every={config.train.optimizer_state_every} (d's second row at its k)"
+                   if config.train.optimizer_state_every > 1 else ""))
+    elif drv.pipelined:
+        mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row "
+                "c's starts)")
+    else:
+        mode = ("run.pipelined: false (synchronous): row b with a persistent Ray cluster (--engines-ray-address), row c "
+                f"without; row d needs the train task to reach the train host, which takes a train plan of one node "
+                f"(this one has {plan.train_nodes})" if plan.train_nodes > 1 else
+                "run.pipelined: false (synchronous): row d with a persistent Ray cluster (--engines-ray-address: the "
+                "train task a client of the train host), row c without")
     return handoff.format_handoff(cost) + f"\n    this config: {mode}" + (
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="
         f"{drv.keep_optimizer_checkpoints}, run.keep_weights_every_steps={drv.keep_weights_every_steps} "
@@ -487,7 +494,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines-ray-address", default="", metavar="ray://HOST:PORT",
                         help="a long-lived Ray cluster for the rollout and evaluation engines: every pod gets "
                              "DAPO_ENGINES_RAY_ADDRESS, rollout and evaluate become plain pods joining it, and the "
-                             "engines stay warm between calls (docs/CLUSTER.md, \"What stays warm where\")")
+                             "engines stay warm between calls; with a train plan of one node the train task becomes "
+                             "the client of a warm train host there too (docs/CLUSTER.md, \"What stays warm where\")")
     parser.add_argument("--engines-namespace", default="", metavar="NAME",
                         help="with --engines-ray-address: the engines' Ray namespace (DAPO_ENGINES_NAMESPACE; default: "
                              "derived from the run folder of --config and --run-root, as a local run derives it)")
@@ -504,15 +512,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse_fresh_pod_replay(config: Any) -> None:
-    """Exit 2 when ``train.optimizer_state_every`` > 1: the deployed train task starts fresh Elastic pods
-    every step, so each step would replay the steps since the last written optimizer state."""
+    """Exit 2 when ``train.optimizer_state_every`` > 1 and the deployed train task starts fresh Elastic pods
+    every step (no train host): each step would replay the steps since the last written optimizer state."""
     every = config.train.optimizer_state_every
     if every != 1:
         raise DeployInputError(
             f"train.optimizer_state_every={every}: the deployed train task starts fresh pods every step, which "
             "would replay the steps since the last written optimizer state on every step; set "
-            "train.optimizer_state_every=1 for a deployment (K > 1 is for `dapo run` with the persistent train "
-            "host, DAPO_ENGINES_RAY_ADDRESS)")
+            "train.optimizer_state_every=1, or keep the ranks warm on the train host: `dapo deploy "
+            "--engines-ray-address` with a one-node train plan, or `dapo run` with DAPO_ENGINES_RAY_ADDRESS")
+
+
+def trains_on_host(config: Any, plan: sizing.ClusterPlan | None, hosting: EngineHosting | None) -> bool:
+    """Whether the deployed train task is a client of the train host (engines/train/ray_host.py) on the
+    long-lived Ray cluster: with one (``--engines-ray-address``), warm workers and a train plan of one node
+    (the host holds a group on one node); otherwise a PyTorch Elastic job of fresh pods every step."""
+    return hosting is not None and config.train.keep_workers_warm and (plan is None or plan.train_nodes == 1)
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -527,7 +542,6 @@ def _deploy(args: argparse.Namespace) -> int:
             config = load_config(args.config, args.set)
         except (ConfigError, ValueError) as err:
             raise DeployInputError(f"config: {err}") from err
-        refuse_fresh_pod_replay(config)
         plan, plan_env = resolve_plan(config, args)
         defaults["run_config"] = config
         if args.run_root:
@@ -539,6 +553,10 @@ def _deploy(args: argparse.Namespace) -> int:
                              run_dir=defaults.get("run_dir", ""), target=args.target)
     if hosting is not None:  # every pod's environment (infra/environments.py: engines_env)
         plan_env["engines_env"] = hosting.environ()
+    on_host = bool(args.config) and trains_on_host(config, plan, hosting)
+    if args.config and not on_host:
+        refuse_fresh_pod_replay(config)
+    plan_env["train_on_host"] = on_host
     # Set before anything imports infra.environments: the environments are built from these.
     os.environ["DAPO_FLYTE_TARGET"] = args.target
     os.environ["DAPO_CLUSTER_PLAN"] = json.dumps(plan_env, sort_keys=True)
@@ -587,9 +605,14 @@ def _deploy(args: argparse.Namespace) -> int:
     if hosting is not None:
         print(f"engines: long-lived named actors on {hosting.ray_address}, namespace {hosting.namespace} "
               "(DAPO_ENGINES_* in every pod; removed by the driver at the run's end)")
+    if on_host:
+        ranks = plan.train_gpus if plan is not None else config.train.num_processes
+        print(f"train: a client pod of the train host, a warm DeepSpeed group of {ranks} rank(s) on one node of "
+              f"{hosting.ray_address} (engines/train/ray_host.py); that Ray cluster needs a node with {ranks} GPU(s) "
+              "for it beside the engines'")
     if plan is not None:
         print(sizing.format_plan(plan))
-        print(describe_handoff(config, plan))
+        print(describe_handoff(config, plan, train_on_host=on_host))
     elif args.config:
         print("resolved resources: the tiny policy needs no GPU (one engine, one training process)")
     if args.json_out:

@@ -98,6 +98,9 @@ _DEFAULT_PLAN: dict[str, Any] = {
     # ({} = none: rollout is a RayJob). Written by cli/deploy.py from settings/rollout.py's
     # EngineHosting.environ(); opaque here, so that no stage's cache version follows that module.
     "engines_env": {},
+    # The train task a client of the train host on that cluster (engines/train/ray_host.py): a warm group of
+    # train_nproc_per_node ranks on one of its nodes. Set by cli/deploy.py (trains_on_host); False: PyTorch Elastic.
+    "train_on_host": False,
 }
 
 
@@ -239,18 +242,32 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
             # The driver attaches to the cluster at the run's end to remove the run's engines: Ray's client.
             driver_image = cpu_image.with_pip_packages(image_pin("ray[client]"))
         nproc, nodes = int(plan["train_nproc_per_node"]), int(plan["train_nodes"])
-        train = flyte.TaskEnvironment(
-            name="dapo-train",
-            include=BUNDLED_FILES,
-            image=train_image,
-            # Per node (pod): the elastic agent starts nproc ranks in each of `nodes` pods.
-            resources=flyte.Resources(cpu=plan["train_pod_cpu"], memory=plan["train_pod_memory"], gpu=nproc, shm="auto"),
-            env_vars=env_vars,
-            pod_template=cpu_template,
-            plugin_config=train_elastic_config(nodes, nproc),
-            description=f"One DeepSpeed DAPO training step: PyTorch Elastic, {nodes} node(s) x {nproc} GPU(s), "
-                        "each rank running the task body (engines/train/rank.py).",
-        )
+        if plan["train_on_host"]:
+            # A client: the step runs on the train host, which keeps its ranks and their optimizer state warm.
+            train = flyte.TaskEnvironment(
+                name="dapo-train",
+                include=BUNDLED_FILES,
+                image=train_image.with_pip_packages(image_pin("ray[client]")),
+                resources=flyte.Resources(cpu="4", memory="16Gi"),
+                env_vars=env_vars,
+                pod_template=cpu_template,
+                description=f"One DeepSpeed DAPO training step on the train host of the long-lived Ray cluster: a warm "
+                            f"group of {nproc} rank(s) on one node (engines/train/ray_host.py); this pod is its client.",
+            )
+        else:
+            train = flyte.TaskEnvironment(
+                name="dapo-train",
+                include=BUNDLED_FILES,
+                image=train_image,
+                # Per node (pod): the elastic agent starts nproc ranks in each of `nodes` pods.
+                resources=flyte.Resources(cpu=plan["train_pod_cpu"], memory=plan["train_pod_memory"], gpu=nproc,
+                                          shm="auto"),
+                env_vars=env_vars,
+                pod_template=cpu_template,
+                plugin_config=train_elastic_config(nodes, nproc),
+                description=f"One DeepSpeed DAPO training step: PyTorch Elastic, {nodes} node(s) x {nproc} GPU(s), "
+                            "each rank running the task body (engines/train/rank.py).",
+            )
     cpu = flyte.TaskEnvironment(
         name="dapo-cpu",
         include=BUNDLED_FILES,

@@ -145,15 +145,24 @@ def host_name(engine_key: str) -> str:
     return ray_actors.TRAIN_HOST_PREFIX + hashlib.sha256(engine_key.encode()).hexdigest()[:12]
 
 
-def _host(engine_key: str, num_processes: int, hosting: EngineHosting) -> tuple[str, Any]:
-    """(name, handle) of the live train host for ``engine_key``, else a fresh one. It claims a GPU per rank
-    only where this process sees CUDA (a CPU cluster's logical GPUs belong to the engines), and no Ray CPU:
-    its ranks are processes of its own, which Ray does not count, and it waits between steps."""
+def host_gpus(num_processes: int) -> int:
+    """GPUs the train host claims: one per rank where this process sees CUDA (`dapo run` on a GPU machine),
+    or where the deployment plan makes this GPU-less pod its client (infra/environments.py: train_on_host);
+    none otherwise (a CPU cluster's logical GPUs belong to the engines)."""
     import torch
 
+    from infra.environments import cluster_settings, flyte_target
+
+    client_pod = flyte_target() == "cluster" and bool(cluster_settings()["train_on_host"])
+    return num_processes if torch.cuda.is_available() or client_pod else 0
+
+
+def _host(engine_key: str, num_processes: int, hosting: EngineHosting) -> tuple[str, Any]:
+    """(name, handle) of the live train host for ``engine_key``, else a fresh one, claiming ``host_gpus`` and
+    no Ray CPU: its ranks are processes of its own, which Ray does not count, and it waits between steps."""
     ray_actors.attach(hosting)
     name = host_name(engine_key)
-    gpus = num_processes if torch.cuda.is_available() else 0
+    gpus = host_gpus(num_processes)
     return name, ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0,
                                   concurrency_groups={WEIGHTS_GROUP: 1})
 

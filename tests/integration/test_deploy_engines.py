@@ -45,6 +45,31 @@ def test_every_pod_gets_the_engines_variables_and_rollout_joins_the_long_lived_c
         assert EngineHosting.from_environ(tasks[task]["env"]) == EngineHosting(ADDRESS, namespace), task
     for task in ("dapo-rollout.rollout", "dapo-rollout.evaluate"):
         assert tasks[task]["type"] != "ray" and not tasks[task]["plugin"], task  # a plain pod, no RayJob of its own
+    # A one-node train plan with warm workers: the train task is the train host's client, a pod without GPUs.
+    assert "gpu" not in tasks["dapo-train.train"]["resources"]
+    assert json.loads(out.read_text())["cluster_plan_env"]["train_on_host"]
+    assert "train: a client pod of the train host, a warm DeepSpeed group of 1 rank(s)" in result.stdout
+
+
+def test_the_train_task_stays_a_pytorch_elastic_job_without_a_long_lived_cluster_or_with_two_train_nodes(
+    tmp_path: Path
+) -> None:
+    plain = tmp_path / "plain.json"
+    result = _deploy("--dry-run", "--config", str(TINY), "--json-out", str(plain))
+    assert result.returncode == 0, result.stderr[-3000:]
+    tasks = {row["task"]: row for row in json.loads(plain.read_text())["tasks"]}
+    assert tasks["dapo-train.train"]["resources"]["gpu"] == "1"  # the elastic job's pod holds its rank's GPU
+    assert not json.loads(plain.read_text())["cluster_plan_env"]["train_on_host"]
+    # The paper plan trains on 2 nodes: the host holds a group on one, so its train task stays Elastic, and a
+    # state written every 10 steps would be replayed by fresh pods every step: refused, before anything is built.
+    paper = REPO / "configs" / "qwen2.5-32b-dapo.yaml"
+    refused = _deploy("--dry-run", "--config", str(paper), "--run-root", "s3://bucket/runs", "--engines-ray-address",
+                      ADDRESS, "--set", "train.optimizer_state_every=10")
+    assert refused.returncode == 2 and "train.optimizer_state_every=10" in refused.stderr, refused.stderr[-2000:]
+    # One node with a long-lived cluster keeps the ranks warm: the same setting is accepted.
+    on_host = _deploy("--dry-run", "--config", str(TINY), "--run-root", "s3://bucket/runs", "--engines-ray-address",
+                      ADDRESS, "--set", "train.optimizer_state_every=10")
+    assert on_host.returncode == 0, on_host.stderr[-3000:]
 
 
 def test_a_named_namespace_is_kept_and_needs_no_run_folder() -> None:

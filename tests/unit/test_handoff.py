@@ -333,8 +333,14 @@ def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None
     assert f"{cfg.run.steps} steps keep" in text and "TB keeping all" in text
     assert "this config: run.pipelined: false (synchronous): row b with a persistent Ray cluster " \
            "(--engines-ray-address), row c without; row d needs the train task to reach the train host" in text
+    assert "which takes a train plan of one node (this one has 2)" in text
     pipelined = describe_handoff(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pipelined=True)), paper_plan())
     assert "this config: run.pipelined: true, so the pipelined row is what it does" in pipelined
+    one_node = describe_handoff(cfg, dataclasses.replace(paper_plan(), train_nodes=1))
+    assert "row d with a persistent Ray cluster (--engines-ray-address: the train task a client of the train host)" \
+        in one_node
+    on_host = describe_handoff(cfg, dataclasses.replace(paper_plan(), train_nodes=1), train_on_host=True)
+    assert "this config: row d: the train task is a client of the train host" in on_host
 
 
 def test_cluster_doc_holds_the_computed_retention_table_and_handoff() -> None:

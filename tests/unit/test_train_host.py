@@ -41,3 +41,23 @@ def test_one_host_per_engine_settings_named_for_removal() -> None:
     # Neither the time limit nor the warm switch shapes the engine: the same host.
     assert ray_host.host_name(launch.engine_key(TrainConfig(timeout_s=5.0))) == name
     assert ray_host.host_name(launch.engine_key(replace(TrainConfig(), lr=2e-3))) != name
+
+
+def test_the_host_claims_a_gpu_per_rank_only_for_a_cuda_caller_or_a_deployed_client_pod(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from infra import environments
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(environments, "flyte_target", lambda: "local")
+    assert ray_host.host_gpus(4) == 0  # a CPU cluster: its logical GPUs belong to the engines
+    monkeypatch.setattr(environments, "flyte_target", lambda: "cluster")
+    monkeypatch.setattr(environments, "cluster_settings", lambda: {"train_on_host": False})
+    assert ray_host.host_gpus(4) == 0
+    monkeypatch.setattr(environments, "cluster_settings", lambda: {"train_on_host": True})
+    assert ray_host.host_gpus(4) == 4  # the deployed train task: a GPU-less client of a GPU host
+    monkeypatch.setattr(environments, "flyte_target", lambda: "local")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ray_host.host_gpus(4) == 4  # `dapo run` on a GPU machine
