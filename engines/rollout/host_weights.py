@@ -40,6 +40,15 @@ def policy_for_engine(source: str, settings: vllm_engine.EngineSettings,
     return checkpoints.fetch_policy(source), None
 
 
+def load(folder: Path, settings: vllm_engine.EngineSettings, weights: list[tuple[str, Any]] | None) -> str:
+    """Reload this process's engine from ``weights`` now (``policy_for_engine``'s), so that the caller can drop
+    them before generating; returns ``get_engine``'s "how" ("" for None: nothing to load)."""
+    if weights is None:
+        return ""
+    with vllm_engine.engine_in_use():
+        return vllm_engine.get_engine(folder, settings, weights)[1]
+
+
 def held_weights(namespace: str, checkpoint_id: str) -> list[tuple[str, Any]] | None:
     """The tensors of ``checkpoint_id``'s export from a train host of ``namespace`` that holds them, else
     None (no host, another checkpoint held, the host or its object lost: the caller reads the files)."""

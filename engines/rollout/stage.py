@@ -271,18 +271,16 @@ def generate_part(
     sampling: dict[str, Any],
     requests: list[dict[str, Any]],
     label: str = "",
-    weights: list[tuple[str, Any]] | None = None,
 ) -> GeneratedPart:
     """Generate ``requests`` on this process's engine for ``checkpoint_dir``; one result dict each.
 
     Runs the same way in-process and inside a Ray actor (one GPU each). Results carry the response
-    token ids, text, the sampled tokens' log-probs and vLLM's finish reason. ``weights``: the
-    checkpoint's tensors in memory, for a reload (engines/rollout/host_weights.py).
+    token ids, text, the sampled tokens' log-probs and vLLM's finish reason.
     """
     params = [request_params(r["seed"], sampling) for r in requests]
     # One caller at a time (pipelined: a rollout and an evaluation may come from two threads); a CUDA
     # engine that shares its GPU with training sleeps when the call ends (vllm_engine.engine_for_call).
-    with vllm_engine.engine_for_call(checkpoint_dir, settings, weights) as (llm, how):
+    with vllm_engine.engine_for_call(checkpoint_dir, settings) as (llm, how):
         started = time.perf_counter()
         outputs = vllm_engine.generate(llm, [r["prompt_token_ids"] for r in requests], params, progress_label=label)
         generate_seconds = time.perf_counter() - started
@@ -367,7 +365,10 @@ class _EngineActor:
         # filesystem is used in place), or a long-lived one (``namespace``) takes the weights from
         # the train host's memory (engines/rollout/host_weights.py).
         folder, weights = host_weights.policy_for_engine(checkpoint_dir, settings, namespace)
-        return generate_part(str(folder), settings, sampling, requests, label, weights)
+        loaded = host_weights.load(folder, settings, weights)
+        del weights  # the tensors are in the engine now: not held beside it while it generates
+        part = generate_part(str(folder), settings, sampling, requests, label)
+        return replace(part, engine=loaded or part.engine)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def _requests(problems: int, samples: int) -> list[dict[str, Any]]:
 
 
 def _fake_engine(drop: tuple[str, int] | None):
-    def generate_part(checkpoint_dir, settings, sampling, requests, label="", weights=None):
+    def generate_part(checkpoint_dir, settings, sampling, requests, label=""):
         kept = [r for r in requests if (r["problem_id"], r["sample_index"]) != drop]
         return ro.GeneratedPart([{**r, "response_token_ids": [7]} for r in kept], 0.1)
     return generate_part
