@@ -123,10 +123,10 @@ def _die_in_next_generate() -> None:
 class _DiesOnEngineOne(ro._EngineActor):
     """An engine actor whose process gets SIGKILL whenever it is given engine 1's part."""
 
-    def generate(self, checkpoint_dir, settings, sampling, requests, label):
+    def generate(self, checkpoint_dir, settings, sampling, requests, label, namespace=""):
         if label == "engine 1":
             os.kill(os.getpid(), signal.SIGKILL)
-        return super().generate(checkpoint_dir, settings, sampling, requests, label)
+        return super().generate(checkpoint_dir, settings, sampling, requests, label, namespace)
 
 
 def test_a_round_survives_kill_9_of_an_engine_actor_mid_round_and_between_rounds(

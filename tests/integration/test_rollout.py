@@ -272,9 +272,9 @@ def test_the_manifest_counts_a_weight_reload_outside_generation(
     slow = 0.5
     reload = vllm_engine.reload_weights
 
-    def slow_reload(llm, folder):
+    def slow_reload(llm, folder, weights=None):
         time.sleep(slow)
-        return reload(llm, folder)
+        return reload(llm, folder, weights)
 
     monkeypatch.setattr(vllm_engine, "reload_weights", slow_reload)
     other = tiny_policy.build_random_checkpoint(workdir / "ckpt-c", seed=2)
