@@ -1,11 +1,14 @@
 """The main job with the optimizer state written every K steps, killed mid-run: does it end at the recorded ids?
 
     .venv/bin/python benchmarks/state_every_resume.py            # kill -9 the whole `dapo run` tree in step 38's training, run it again
-    .venv/bin/python benchmarks/state_every_resume.py --hosted   # on long-lived Ray actors: kill -9 the train host after step 23
+    .venv/bin/python benchmarks/state_every_resume.py --hosted   # on long-lived Ray actors: kill -9 the train host
+                                                                 # after step 23, the engine actors after step 33
 
 Both compare every checkpoint id with a finished run (default ``runs/tiny-cpu``, the recorded seed 0) and exit 1 on
-a difference. With ``--hosted`` the driver runs on, and the next train task starts a new host, which replays the steps
-since the last written state (engines/train/replay.py); its replay lines are in the host's Ray worker log.
+a difference. With ``--hosted`` the driver runs on: the next train task starts a new host, which replays the steps
+since the last written state (engines/train/replay.py; the task says so in the run's log), and the next rollout or
+evaluation call starts new engine actors, which load the weights from the checkpoint's files (the new host holds
+them in memory only from its first step on: engines/rollout/host_weights.py).
 """
 
 from __future__ import annotations
@@ -57,24 +60,35 @@ def plain(args: argparse.Namespace, run: Path) -> None:
         raise SystemExit("the re-run failed")
 
 
+def _kill_actors(kind: str) -> list[int]:
+    """kill -9 every process of this machine whose title names the Ray actor class ``kind``; their pids."""
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    pids = [int(line.split()[0]) for line in ps.splitlines() if kind in line]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def hosted(args: argparse.Namespace, run: Path) -> None:
-    """On a two-node local Ray cluster: kill -9 the train host actor once step ``args.step`` is published."""
+    """On a two-node local Ray cluster: kill -9 the train host actor once step ``args.step`` is published, and
+    the engine actors once step ``args.step + 10`` is."""
     with logical_gpu_nodes(2) as address:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         proc = _start(args, {**env, "DAPO_ENGINES_RAY_ADDRESS": address})
         _wait_for(f"checkpoints/step-{args.step:04d}/dapo_checkpoint.json", run, proc)
-        ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
-        hosts = [int(line.split()[0]) for line in ps.splitlines() if "TrainHost" in line]
-        for pid in hosts:
-            os.kill(pid, signal.SIGKILL)
-        print(f"killed the train host {hosts} after step {args.step}", flush=True)
+        print(f"killed the train host {_kill_actors('TrainHost')} after step {args.step}", flush=True)
+        _wait_for(f"checkpoints/step-{args.step + 10:04d}/dapo_checkpoint.json", run, proc)
+        engines = _kill_actors("_EngineActor")
+        if not engines:
+            raise SystemExit(f"no engine actor process found after step {args.step + 10}")
+        print(f"killed the engine actor(s) {engines} after step {args.step + 10}", flush=True)
         if proc.wait() != 0:
-            raise SystemExit("the run failed after the host was killed")
+            raise SystemExit("the run failed after the actors were killed")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hosted", action="store_true", help="long-lived Ray actors; kill the train host")
+    parser.add_argument("--hosted", action="store_true", help="long-lived Ray actors; kill the train host, then the engines")
     parser.add_argument("--every", type=int, default=5, help="train.optimizer_state_every")
     parser.add_argument("--step", type=int, help="the step to kill in (plain, default 38) or after (hosted, default 23)")
     parser.add_argument("--root", type=Path, default=Path("/tmp/dapo-state-every"), help="run root (emptied first)")
