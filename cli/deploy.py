@@ -192,11 +192,12 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan, *, train_on_host: bo
     elif drv.pipelined:
         mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row "
                 "c's starts)")
-    else:
+    elif plan.train_nodes > 1:
         mode = ("run.pipelined: false (synchronous): row b with a persistent Ray cluster (--engines-ray-address), row c "
                 f"without; row d needs the train task to reach the train host, which takes a train plan of one node "
-                f"(this one has {plan.train_nodes})" if plan.train_nodes > 1 else
-                "run.pipelined: false (synchronous): row d with a persistent Ray cluster (--engines-ray-address: the "
+                f"(this one has {plan.train_nodes})")
+    else:
+        mode = ("run.pipelined: false (synchronous): row d with a persistent Ray cluster (--engines-ray-address: the "
                 "train task a client of the train host), row c without")
     return handoff.format_handoff(cost) + f"\n    this config: {mode}" + (
         f"\n  storage : {drv.steps} steps keep {kept / 1e12:,.1f} TB of checkpoints with run.keep_optimizer_checkpoints="

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,20 @@ def fetch_policy(folder: str | Path, *, weights: bool = True) -> Path:
     local = run_store.fetch(folder, skip=skip)
     run_store.evict_mirrored(folder, keep=MIRRORED_CHECKPOINTS)
     return local
+
+
+def export_tensors(folder: str | Path) -> Iterator[tuple[str, Any]]:
+    """``(name, tensor)`` of every tensor of the checkpoint's weight files (safetensors), in file and key
+    order: what an engine's reload reads, from the folder or handed over in memory (engines/train/ray_host.py)."""
+    from safetensors.torch import safe_open
+
+    files = sorted(Path(folder).glob(f"*{WEIGHT_SUFFIXES[0]}"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors weight files to reload")
+    for path in files:
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
 
 
 def staging_dir(final_dir: str | Path) -> Path:

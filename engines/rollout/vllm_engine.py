@@ -204,18 +204,6 @@ def create_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> LLM:
         torch.set_num_threads = original_set_num_threads
 
 
-def _safetensors_weights(checkpoint_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors.torch import safe_open
-
-    files = sorted(checkpoint_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{checkpoint_dir}: no *.safetensors weight files to reload")
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            for name in handle.keys():
-                yield name, handle.get_tensor(name)
-
-
 def _refresh_cpu_output_projections(model: torch.nn.Module) -> None:
     """Rebuild the CPU GEMM kernels of embedding layers used as output projections.
 
@@ -258,7 +246,7 @@ def reload_weights(llm: LLM, checkpoint_dir: str | Path, weights: Sequence[tuple
         # In-process: hand the worker an iterator over the new tensors; vLLM's warnings about the
         # layers a checkpoint has no tensors for by design are dropped (engines/rollout/reload_warnings.py).
         tied = bool(json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"))
-        tensors = iter(weights) if weights is not None else _safetensors_weights(folder)
+        tensors = iter(weights) if weights is not None else checkpoints.export_tensors(folder)
         with reload_warnings.expected_only(reload_warnings.expected_missing(tied)):
             llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
     else:
@@ -338,14 +326,12 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings,
 
 
 @contextlib.contextmanager
-def engine_for_call(checkpoint_dir: str | Path, settings: EngineSettings,
-                    weights: Sequence[tuple[str, torch.Tensor]] | None = None) -> Iterator[tuple[LLM, str]]:
+def engine_for_call(checkpoint_dir: str | Path, settings: EngineSettings) -> Iterator[tuple[LLM, str]]:
     """Hold the engine (:func:`engine_in_use`) awake with ``checkpoint_dir``'s weights for one call:
-    yields ``get_engine``'s ``(llm, how)`` (``weights``: see there). With ``settings.sleep_between_calls``
-    the engine leaves the GPU when the call ends, even a failed one: asleep, or released where sleep mode
-    is unavailable."""
+    yields ``get_engine``'s ``(llm, how)``. With ``settings.sleep_between_calls`` the engine leaves the
+    GPU when the call ends, even a failed one: asleep, or released where sleep mode is unavailable."""
     with _IN_USE:
-        llm, how = get_engine(checkpoint_dir, settings, weights)
+        llm, how = get_engine(checkpoint_dir, settings)
         try:
             yield llm, how
         finally:

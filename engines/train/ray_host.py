@@ -33,7 +33,6 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -113,24 +112,11 @@ def _put_export(out_dir: str, checkpoint_id: str) -> tuple[str, Any] | None:
     """The step's export, read from this node's copy of ``out_dir`` (what the ranks wrote; a step reused from
     the store has none here) into the object store: ``(checkpoint_id, ref)``, else None."""
     folder = run_store.local_path(out_dir)
-    files = sorted(folder.glob("*.safetensors"))
-    if not files or not (folder / checkpoints.METADATA_FILE).is_file():
+    if not any(folder.glob("*.safetensors")) or not (folder / checkpoints.METADATA_FILE).is_file():
         return None
     if checkpoints.read_info(folder).checkpoint_id != checkpoint_id:
         return None
-    return checkpoint_id, ray.put(export_tensors(files))
-
-
-def export_tensors(files: list[Path]) -> list[tuple[str, Any]]:
-    """``(name, tensor)`` of every tensor of ``files`` (safetensors), in file and key order: what an engine's
-    reload from the folder reads (engines/rollout/vllm_engine.py: reload_weights)."""
-    from safetensors.torch import safe_open
-
-    tensors = []
-    for path in files:
-        with safe_open(str(path), framework="pt") as handle:
-            tensors.extend((name, handle.get_tensor(name)) for name in handle.keys())
-    return tensors
+    return checkpoint_id, ray.put(list(checkpoints.export_tensors(folder)))
 
 
 @contextlib.contextmanager
