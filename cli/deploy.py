@@ -186,16 +186,13 @@ def describe_handoff(config: Any, plan: sizing.ClusterPlan, *, train_on_host: bo
     everything = handoff.run_storage_bytes(drv.steps, cost.weights_bytes, cost.optimizer_bytes, keep_optimizer_last=0,
                                            keep_weights_every=0)
     if train_on_host:
-        mode = ("row d: the train task is a client of the train host on the long-lived Ray cluster (--engines-ray-address)"
-                + (f", with train.optimizer_state_every={config.train.optimizer_state_every} (d's second row at its k)"
+        group = f" (a group of {plan.train_nodes} members, one per train node)" if plan.train_nodes > 1 else ""
+        mode = (f"row d: the train task is a client of the train host{group} on the long-lived Ray cluster "
+                "(--engines-ray-address)" + (f", with train.optimizer_state_every={config.train.optimizer_state_every} (d's second row at its k)"
                    if config.train.optimizer_state_every > 1 else ""))
     elif drv.pipelined:
         mode = ("run.pipelined: true, so the pipelined row is what it does (without a persistent Ray cluster, add row "
                 "c's starts)")
-    elif plan.train_nodes > 1:
-        mode = ("run.pipelined: false (synchronous): row b with a persistent Ray cluster (--engines-ray-address), row c "
-                f"without; row d needs the train task to reach the train host, which takes a train plan of one node "
-                f"(this one has {plan.train_nodes})")
     else:
         mode = ("run.pipelined: false (synchronous): row d with a persistent Ray cluster (--engines-ray-address: the "
                 "train task a client of the train host), row c without")
@@ -526,9 +523,9 @@ def refuse_fresh_pod_replay(config: Any) -> None:
 
 def trains_on_host(config: Any, plan: sizing.ClusterPlan | None, hosting: EngineHosting | None) -> bool:
     """Whether the deployed train task is a client of the train host (engines/train/ray_host.py) on the
-    long-lived Ray cluster: with one (``--engines-ray-address``), warm workers and a train plan of one node
-    (the host holds a group on one node); otherwise a PyTorch Elastic job of fresh pods every step."""
-    return hosting is not None and config.train.keep_workers_warm and (plan is None or plan.train_nodes == 1)
+    long-lived Ray cluster: with one (``--engines-ray-address``) and warm workers (the host a group of one
+    member per train node of the plan); otherwise a PyTorch Elastic job of fresh pods every step."""
+    return hosting is not None and config.train.keep_workers_warm
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -607,10 +604,12 @@ def _deploy(args: argparse.Namespace) -> int:
         print(f"engines: long-lived named actors on {hosting.ray_address}, namespace {hosting.namespace} "
               "(DAPO_ENGINES_* in every pod; removed by the driver at the run's end)")
     if on_host:
-        ranks = plan.train_gpus if plan is not None else config.train.num_processes
-        print(f"train: a client pod of the train host, a warm DeepSpeed group of {ranks} rank(s) on one node of "
-              f"{hosting.ray_address} (engines/train/ray_host.py); that Ray cluster needs a node with {ranks} GPU(s) "
-              "for it beside the engines'")
+        nodes = plan.train_nodes if plan is not None else 1
+        ranks = plan.train_gpus // nodes if plan is not None else config.train.num_processes
+        where = "one node" if nodes == 1 else f"each of {nodes} nodes (a member of the host group per node)"
+        print(f"train: a client pod of the train host, a warm DeepSpeed group of {ranks} rank(s) on {where} of "
+              f"{hosting.ray_address} (engines/train/ray_host.py); that Ray cluster needs {nodes} node(s) with {ranks} "
+              "GPU(s) each for it beside the engines'")
     if plan is not None:
         print(sizing.format_plan(plan))
         print(describe_handoff(config, plan, train_on_host=on_host))

@@ -99,7 +99,8 @@ _DEFAULT_PLAN: dict[str, Any] = {
     # EngineHosting.environ(); opaque here, so that no stage's cache version follows that module.
     "engines_env": {},
     # The train task a client of the train host on that cluster (engines/train/ray_host.py): a warm group of
-    # train_nproc_per_node ranks on one of its nodes. Set by cli/deploy.py (trains_on_host); False: PyTorch Elastic.
+    # train_nproc_per_node ranks on each of train_nodes of its nodes. Set by cli/deploy.py (trains_on_host);
+    # False: PyTorch Elastic.
     "train_on_host": False,
 }
 
@@ -252,7 +253,8 @@ def _environments(target: str) -> tuple[flyte.TaskEnvironment, flyte.TaskEnviron
                 env_vars=env_vars,
                 pod_template=cpu_template,
                 description=f"One DeepSpeed DAPO training step on the train host of the long-lived Ray cluster: a warm "
-                            f"group of {nproc} rank(s) on one node (engines/train/ray_host.py); this pod is its client.",
+                            f"group of {nodes} node(s) x {nproc} rank(s) (engines/train/ray_host.py); this pod is its "
+                            "client.",
             )
         else:
             train = flyte.TaskEnvironment(

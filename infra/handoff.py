@@ -124,7 +124,7 @@ class StepHandoff:
     optimizer_upload_every_steps: int
     mirror_rollout_node_bytes: int  # an engine node's mirror: the weights of the checkpoints it keeps
     mirror_train_node_bytes: int  # rank 0's node: its share of the parent's state, the output's weights and share
-    train_nodes: int = 1  # the plan's; the train host as built holds a group on one node (path d)
+    train_nodes: int = 1  # the plan's; path d's train host is a group of one member per node
     # d with train.optimizer_state_every = optimizer_upload_every_steps: the warm group writes the state on
     # one step in k (a cold start replays from it: engines/train/replay.py); fresh pods (b, c) cannot.
     persistent_ranks_state_every_k: HandoffCost | None = None
@@ -513,10 +513,9 @@ def format_handoff(h: StepHandoff) -> str:
             lines.append(f"      a cold start (the group lost) first replays up to {h.optimizer_upload_every_steps - 1} "
                          "steps from the last written state (engines/train/replay.py); the deployed train task "
                          "(fresh pods, b and c) refuses this setting")
-        if cost in (h.persistent_ranks, h.persistent_ranks_state_every_k) and h.train_nodes > 1:
-            lines.append(f"      priced with the plan's {h.train_nodes} train nodes each publishing its share, as b's pods do; "
-                         "the train host as built holds a group on one node (torchrun on one node), so it cannot hold "
-                         "this plan's group yet")
+        if cost is h.persistent_ranks and h.train_nodes > 1:
+            lines.append(f"      priced with the plan's {h.train_nodes} train nodes each publishing its share: the train "
+                         "host as built is a group of one member per node (engines/train/node_group.py)")
     lines.append(f"    mirror disk (DAPO_MIRROR_DIR) per node: rollout {h.mirror_rollout_node_bytes / GB:,.1f} GB "
                  f"(the weights of its last {MIRRORED_CHECKPOINTS} checkpoints), train {h.mirror_train_node_bytes / GB:,.1f} "
                  "GB (its ranks' share of the parent's optimizer state, and the step's output: the weights and its "

@@ -13,6 +13,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -189,6 +190,18 @@ def staging_dir(final_dir: str | Path) -> Path:
     path = final_dir.parent / f".{final_dir.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     path.mkdir()
     return path
+
+
+_STAGING_NAME = re.compile(r"^\.(?P<name>.+)\.staging-\d+-[0-9a-f]{8}$")
+
+
+def published_dir_of(staging: str | Path) -> Path:
+    """The folder a :func:`staging_dir` is published as (ValueError for a folder not named as one)."""
+    staging = Path(staging)
+    match = _STAGING_NAME.match(staging.name)
+    if match is None:
+        raise ValueError(f"{staging}: not a checkpoint's staging folder")
+    return staging.parent / match["name"]
 
 
 def _fsync_tree(folder: Path) -> None:

@@ -18,9 +18,10 @@ from storage import digests, run_store
 
 
 @contextlib.contextmanager
-def output(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Path]:
+def output(path: str | os.PathLike[str], *, folder: bool = False, others_fill: bool = False) -> Iterator[Path]:
     """A local path to write ``path``'s content to; published with its digest record when the block ends
-    without error (``folder=True``: a folder, uploaded with its marker last)."""
-    with run_store.staged(path, folder=folder) as local:
+    without error (``folder=True``: a folder, uploaded with its marker last; ``others_fill``: as
+    ``run_store.staged``)."""
+    with run_store.staged(path, folder=folder, others_fill=others_fill) as local:
         yield local
     digests.record(path, local)

@@ -241,9 +241,7 @@ def upload_folder(local: str | os.PathLike[str], uri: str, *, marker: str | None
     """
     local = Path(local)
     if clear:
-        if marker and exists(join(uri, marker)):
-            remove(join(uri, marker))
-        remove(uri)
+        clear_folder(uri, marker=marker)
     files = sorted(p for p in local.rglob("*") if p.is_file())
     last = [p for p in files if marker and p.relative_to(local).as_posix() == marker]
     for path in [p for p in files if p not in last]:
@@ -253,14 +251,24 @@ def upload_folder(local: str | os.PathLike[str], uri: str, *, marker: str | None
             upload_file(path, join(uri, path.relative_to(local).as_posix()))
 
 
+def clear_folder(uri: str, *, marker: str | None = FOLDER_MARKER) -> None:
+    """Delete what is under the prefix ``uri``, its marker first (a reader never sees a marker beside a
+    half-removed folder)."""
+    if marker and exists(join(uri, marker)):
+        remove(join(uri, marker))
+    remove(uri)
+
+
 @contextlib.contextmanager
-def staged(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Path]:
+def staged(path: str | os.PathLike[str], *, folder: bool = False, others_fill: bool = False) -> Iterator[Path]:
     """A local path to write ``path``'s content to; uploaded when the block ends without error.
 
     For a local ``path`` this yields the path itself (the stage code's own atomic writes apply).
     For a URI it yields the mirror location, cleared first, and uploads it afterwards: one
     object for a file, or the folder with its marker last (``folder=True``). Task outputs are
     published through ``storage.outputs.output``, which adds their digest records.
+    ``others_fill``: other writers (the nodes of a multi-node step) upload files into the folder
+    during the block, so what was under ``path`` is removed before it, not at its end.
     """
     if not is_remote(path):
         yield local_path(path)
@@ -272,9 +280,11 @@ def staged(path: str | os.PathLike[str], *, folder: bool = False) -> Iterator[Pa
         local.unlink(missing_ok=True)
     local.parent.mkdir(parents=True, exist_ok=True)
     _forget_notes(local)  # what the writer leaves here is whole
+    if others_fill:
+        clear_folder(str(path))
     yield local
     if folder or local.is_dir():
-        upload_folder(local, str(path))
+        upload_folder(local, str(path), clear=not others_fill)
     elif local.is_file():
         upload_file(local, str(path))
     else:

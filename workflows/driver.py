@@ -34,7 +34,7 @@ from engines.rollout import ray_engines
 from engines.rollout.stage import check_prompt_lengths, manifest_path
 from engines.score.stage import ScoreStats
 from engines.train.launch import start_workers
-from engines.train.nodes import planned_nodes
+from engines.train.node_group import planned_nodes
 from engines.train.publish import METRICS_FILE
 from engines.score.verifier_pool import start_verifier_pool
 from infra.environments import cpu_env

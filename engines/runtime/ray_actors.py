@@ -33,12 +33,13 @@ def attach(hosting: EngineHosting) -> None:
 
 
 def named(actor_class: type, name: str, namespace: str, *, num_gpus: int, num_cpus: int | None = None,
-          concurrency_groups: dict[str, int] | None = None) -> Any:
+          concurrency_groups: dict[str, int] | None = None, node_id: str | None = None) -> Any:
     """The live actor ``name`` of ``namespace``, else a new detached one of ``actor_class`` (``get_if_exists``:
     two tasks asking at once get the same actor, never two). A dead actor whose name is not yet freed is
     returned as it is: its first call raises, and the caller ``forget``s it and asks again. ``num_cpus``
     None: Ray's default for an actor (one CPU held while it lives). ``concurrency_groups``: threads for the
-    methods ``ray.method`` puts in a group (answered while a call of the default group runs)."""
+    methods ``ray.method`` puts in a group (answered while a call of the default group runs). ``node_id``: a
+    new actor starts on that node only (a live one stays where it is)."""
     import ray
 
     resources: dict[str, Any] = {"num_gpus": num_gpus}
@@ -46,6 +47,10 @@ def named(actor_class: type, name: str, namespace: str, *, num_gpus: int, num_cp
         resources["num_cpus"] = num_cpus
     if concurrency_groups:
         resources["concurrency_groups"] = concurrency_groups
+    if node_id is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        resources["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     remote = ray.remote(**resources)(actor_class)
     return remote.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True,
                           max_restarts=0).remote()

@@ -120,6 +120,17 @@ def single_node_launch(num_processes: int, *, host: str = LOOPBACK) -> list[str]
             f"--nproc_per_node={num_processes}"]
 
 
+def multi_node_launch(*, nodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int
+                      ) -> list[str]:
+    """The command that starts node ``node_rank``'s agent of a group of ``nodes`` (a static rendezvous held
+    by node 0's agent at ``master_addr:master_port``); the caller appends torchrun's other options and the
+    worker. A failed rank is not restarted: the group's owners start a fresh group instead. The store listens
+    on every interface of node 0 (the other nodes' agents reach it there)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=static",
+            f"--master-addr={master_addr}", f"--master-port={master_port}", f"--nnodes={nodes}",
+            f"--node-rank={node_rank}", "--max-restarts=0", f"--nproc-per-node={nproc_per_node}"]
+
+
 def bind_store_servers(host: str) -> None:
     """Make every ``TCPStore`` server this process creates (torchrun's) listen on ``host`` only.
 

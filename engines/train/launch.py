@@ -31,9 +31,10 @@ import schemas
 from engines.runtime import threads
 from engines.train import server as train_server
 from engines.train import batch as tb
-from engines.train import replay
+from engines.train import node_group, replay
 from engines.train.checkpoint import parent_fetch_skip, resumes_optimizer_state, writes_optimizer_state
 from engines.train.publish import (
+    NodeGroupLost,
     TrainInputError,
     TrainStepError,
     TrainStepResult,
@@ -123,6 +124,12 @@ def _hosted(config: TrainConfig, hosting: EngineHosting | None) -> EngineHosting
     return hosting if hosting.persistent and config.keep_workers_warm else None
 
 
+def on_train_host(config: TrainConfig) -> bool:
+    """True when this process's steps run on the train host: a long-lived Ray cluster named in the environment,
+    and warm workers (on one node or several: engines/train/ray_host.py)."""
+    return _hosted(config, None) is not None
+
+
 def rank_threads(num_processes: int) -> str:
     """The OpenMP threads this process gives each rank (the train host's ranks get the same)."""
     return _worker_env(num_processes)["OMP_NUM_THREADS"]
@@ -140,10 +147,12 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
     env = _worker_env(config.num_processes)
     engine_spec = {k: v for k, v in spec.items() if k not in ("metrics_path", "error_path")}
     request = {k: spec[k] for k in _REQUEST_FIELDS}
+    node = node_group.joined()  # this process leads a group spanning nodes (engines/train/ray_host.py)
     group: train_server.WorkerGroup | None = None
     try:
         group, started = train_server.acquire(key=_group_key(config, env), num_processes=config.num_processes,
-                                              engine_spec=engine_spec, env=env)
+                                              engine_spec=engine_spec, env=env, node=node)
+        group.relay = node_group.relay()
         # Continue from memory only if a cold launch would load exactly that state: the parent is
         # what this group last published, and its optimizer state is resumed (not a fresh one).
         continue_ok = not started and resume and group.last_checkpoint_id == parent_id
@@ -154,6 +163,8 @@ def _run_warm(spec: dict[str, Any], work_dir: Path, staging: Path, *, config: Tr
             train_server.discard(group)  # dead, hung, or killed by stop_now: its temp folder goes with it
         if train_server.stopping():
             raise TrainStepError(f"step {step}: interrupted (nothing published)") from err
+        if node is not None:  # a cold launch here would put every node's ranks on this one
+            raise NodeGroupLost(f"step {step}: the warm group on {node.nodes} nodes is gone: {err}") from err
         warnings.warn(f"step {step}: {err}; running this step with a cold launch", RuntimeWarning, stacklevel=3)
         shutil.rmtree(staging, ignore_errors=True)  # whatever the dead group half-wrote
         staging.mkdir()
@@ -376,11 +387,12 @@ def train_steps(
     staging = checkpoints.staging_dir(out_dir)
     work_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-{last_step}-pid{os.getpid()}-"))
     replayed = 0  # steps replayed to rebuild the parent's optimizer state (recorded in the timings)
+    into, train = _replay_place(out_dir, work_dir)
     try:
         if not resume and replay.needs_replay(parent, config):
             if not _held_in_memory(config, parent.checkpoint_id):
                 checkpoint_dir, replayed = replay.rebuild(run_store.source_name(checkpoint_dir), config=config,
-                                                          into=work_dir / "replay", train=train_steps)
+                                                          into=into, train=train)
             resume = True
         spec = _worker_spec(checkpoint_dir, batches_meta, staging, work_dir, config=config, resume=resume,
                             write_state=write_state, probe_input_ids=probe_input_ids, probe_path=probe_path)
@@ -406,6 +418,37 @@ def train_steps(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(work_dir, ignore_errors=True)
+        if into.exists():
+            _remove_replayed(into)
+
+
+def _replay_place(out_dir: Path, work_dir: Path) -> tuple[Path, Any]:
+    """Where a replay (engines/train/replay.py) builds its checkpoints, and how it trains each: in this
+    process's work folder; or, leading a group on several nodes, in a hidden folder beside the step's output,
+    which every node reads (on an object store each replayed step is uploaded, every node its ranks' files:
+    the next one's peers fetch their share of its state from there). A killed run's is removed with the
+    staging folders (checkpoints.clean_stale_staging)."""
+    if node_group.joined() is None:
+        return work_dir / "replay", train_steps
+    return out_dir.parent / f".{out_dir.name}.staging-replay-{os.getpid()}", _train_shared
+
+
+def _train_shared(*args: Any, **kwargs: Any) -> TrainStepResult:
+    """``train_steps`` of a replayed step on a group of nodes, its checkpoint then uploaded where the store
+    names it (the other nodes' ranks uploaded theirs before the lead's marker)."""
+    result = train_steps(*args, **kwargs)
+    uri = run_store.source_name(result.checkpoint_dir)
+    if run_store.is_remote(uri):
+        run_store.upload_folder(result.checkpoint_dir, uri, clear=False)
+    return result
+
+
+def _remove_replayed(into: Path) -> None:
+    """Remove a replay's checkpoints, here and in the store."""
+    uri = run_store.source_name(into)
+    shutil.rmtree(into, ignore_errors=True)
+    if run_store.is_remote(uri):
+        run_store.clear_folder(uri, marker=None)
 
 
 def train_step(
@@ -454,9 +497,11 @@ def train_step_in_store(
     if hosted is not None:
         from engines.train import ray_host
 
+        nodes = node_group.planned_nodes().nodes
+        _check_node_group(config, nodes, step)
         call = ray_host.HostedStep(checkpoint_dir, list(scored_shards), out_dir, step, config, engine_key(config),
-                                   rank_threads(config.num_processes))
-        return ray_host.train_step(train_step_in_store, call, hosted)
+                                   rank_threads(config.num_processes // nodes), nodes=nodes)
+        return ray_host.train_step(train_step_in_store, call, hosted, serve=serve_node_part)
     resume = resumes_optimizer_state(checkpoint_dir, resume_optimizer=config.resume_optimizer)
     shards = run_store.fetch_all(list(scored_shards))
     if not run_store.is_remote(out_dir):
@@ -471,10 +516,62 @@ def train_step_in_store(
     if reused is not None:
         return reused
     parent_local = run_store.fetch(checkpoint_dir, skip=parent_fetch_skip(resume=resume))
-    with outputs.output(out_dir, folder=True) as local:
+    # Leading a group on several nodes, whose peers upload their ranks' files before this upload's marker.
+    others_fill = node_group.joined() is not None
+    with outputs.output(out_dir, folder=True, others_fill=others_fill) as local:
         result = train_step(parent_local, shards, local, step=step, config=config, resume=resume,
                             reuse_decided=True)  # decided above, on the store's names
     return dataclasses.replace(result, checkpoint_dir=out_dir)
+
+
+def _check_node_group(config: TrainConfig, nodes: int, step: int) -> None:
+    """Refuse, before any work, what a train host group on ``nodes`` nodes cannot run."""
+    if nodes == 1:
+        return
+    if config.num_processes % nodes:
+        raise TrainInputError(f"step {step}: train.num_processes={config.num_processes} does not split over the "
+                              f"plan's {nodes} train nodes")
+
+
+def serve_node_part(n: int, key: str, engine_spec: dict[str, Any], request: dict[str, Any], *, out_uri: str,
+                    continue_in_memory: bool, timeout_s: float) -> None:
+    """A peer's part of request ``n`` of a warm group spanning nodes (engines/train/node_group.py), in the
+    process that owns this node's agent: read this node's copies of what the request names (its ranks' share
+    of the parent's optimizer state, the batch), run it with the lead's ranks, and on a node that does not
+    share the lead's folder, upload its ranks' files to ``out_uri`` (no marker: the lead adds it last)."""
+    node = node_group.joined()
+    if node is None:
+        raise TrainStepError("serve_node_part: this process is not a node of a multi-node group")
+    local = node_group.renamed(request, lambda name: str(run_store.local_path(name)))
+    if request.get("parent_checkpoint"):
+        skip = parent_fetch_skip(resume=request.get("resume_ds_state") is not None,
+                                 other_ranks_state=node_group.other_ranks_state(node.world, node.ranks))
+        local["parent_checkpoint"] = str(run_store.fetch(request["parent_checkpoint"], skip=skip))
+    for entry, named in zip(local.get("steps") or [], request.get("steps") or []):
+        entry["shards"] = run_store.fetch_all(named["shards"])
+    staging = Path(local["out_dir"])
+    own = not staging.exists()  # else the lead's own folder: a filesystem it shares with this node
+    if own:
+        staging.mkdir(parents=True)
+    try:
+        env = _worker_env(node.world)
+        with train_server.lock():
+            group, _started = train_server.acquire(key=key, num_processes=node.world,
+                                                   engine_spec={**engine_spec, **local}, env=env, node=node)
+            if group.next_request != n:
+                train_server.discard(group)
+                raise train_server.GroupUnavailable(f"node {node.node_rank}: its group is at request "
+                                                    f"{group.next_request}, the lead's at {n}")
+            try:
+                group.submit(local, continue_in_memory=continue_in_memory, timeout_s=timeout_s)
+            except BaseException:
+                train_server.discard(group)
+                raise
+        if own:
+            run_store.upload_folder(staging, out_uri, clear=False, include_marker=False)
+    finally:
+        if own:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 _TEMP_OWNER = re.compile(r"^dapo-train-.*pid(\d+)-")

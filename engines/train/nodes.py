@@ -23,32 +23,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from engines.train.launch import _worker_env
+from engines.train.node_group import NodeLayout
 from engines.train.publish import TrainStepError, TrainStepResult
 from settings.train import TrainConfig
 from storage import run_store
 
 RESULT_FILE = "result.json"  # rank 0's TrainStepResult, written by the rank entry point
 STOP_GRACE_S = 10.0  # an agent told to stop (SIGTERM) stops its ranks within this, else it is killed
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """The training topology of the deployment plan: ``nodes`` elastic agents of ``nproc_per_node`` ranks."""
-
-    nodes: int
-    nproc_per_node: int
-
-
-def planned_nodes() -> NodeLayout:
-    """The plan's training topology (infra/environments.py: cluster_settings, read from ``DAPO_CLUSTER_PLAN``)."""
-    from infra.environments import cluster_settings
-
-    plan = cluster_settings()
-    return NodeLayout(int(plan["train_nodes"]), int(plan["train_nproc_per_node"]))
 
 
 def _free_port() -> int:

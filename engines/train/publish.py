@@ -37,6 +37,11 @@ class TrainStepError(RuntimeError):
     """A training step failed; nothing was published."""
 
 
+class NodeGroupLost(TrainStepError):
+    """A warm group spanning several nodes lost a node's agent or owner before it ran the step: its train host
+    group is replaced and the step runs once more (engines/train/ray_host.py); nothing was published."""
+
+
 class TrainInputError(TrainStepError):
     """The step's input was refused before any worker started (a bad batch, a sample newer than the
     parent, too few samples for the mini-batches); nothing was published."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from engines.train.checkpoint import parent_fetch_skip, resumes_optimizer_state
 from engines.train.launch import _check_batches, _worker_spec
+from engines.train.node_group import other_ranks_state
 from engines.train.publish import (
     TrainInputError,
     TrainStepError,
@@ -40,7 +41,7 @@ from engines.train.publish import (
     reusable_step,
     train_code_version,
 )
-from engines.train.spec import DS_STATE_DIR, WorkerSpec
+from engines.train.spec import WorkerSpec
 from settings.train import TrainConfig
 from storage import checkpoints, digests, run_store
 
@@ -88,21 +89,16 @@ def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
 
 
 def _state_of_other_nodes(rank: int, world: int, local_rank: int) -> tuple[str, ...]:
-    """``run_store.fetch`` skip patterns for the parent's optimizer-state files of ranks on other nodes.
-
-    ZeRO writes one partition file per data-parallel rank (``[bf16_]zero_pp_rank_<r>_mp_rank_..``)
-    and each rank loads only its own (DeepSpeed without ``elastic_checkpoint``, which this project
-    never sets), so a node needs its own ranks' files of ``ds_state/``, besides the shared ones: at
-    paper scale half of the 393 GB per node on 2 train nodes. The node's ranks are torchrun's
-    contiguous block for homogeneous nodes (``GROUP_RANK`` x ``LOCAL_WORLD_SIZE``); any other
-    layout, or one node, fetches the state whole.
+    """``run_store.fetch`` skip patterns for the parent's optimizer-state files of ranks on other nodes
+    (engines/train/node_group.py: other_ranks_state). The node's ranks are torchrun's contiguous block for
+    homogeneous nodes (``GROUP_RANK`` x ``LOCAL_WORLD_SIZE``); any other layout, or one node, fetches the
+    state whole.
     """
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     first = int(os.environ.get("GROUP_RANK", 0)) * local_world
     if local_world >= world or rank != first + local_rank:
         return ()
-    mine = range(first, first + local_world)
-    return tuple(f"{DS_STATE_DIR}/*/*zero_pp_rank_{r}_mp_rank_*" for r in range(world) if r not in mine)
+    return other_ranks_state(world, range(first, first + local_world))
 
 
 def _prepare_folders(job: _RankStep) -> None:

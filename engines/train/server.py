@@ -16,6 +16,7 @@ lifecycle): docs/WARM_ENGINES.md, "Warm training group (engines/train/server.py)
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import shutil
@@ -30,7 +31,8 @@ from typing import Any
 
 from engines.train import mailbox_wake
 from engines.runtime.processes import process_tree
-from engines.train.dist import single_node_launch
+from engines.train.dist import multi_node_launch, single_node_launch
+from engines.train.node_group import NodeGroup, Relay
 from engines.train.worker import (
     ack_path,
     error_prefix,
@@ -44,6 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ACK_TIMEOUT_S = 60.0  # a ready group picks a request up within ~20 ms; silence this long = hung
 STOP_TIMEOUT_S = 10.0  # a clean stop before the group is killed
 _POLL_S = 0.01
+PEER_ERROR_WAIT_S = 10.0  # a failed rank here waits this long for another node's own error (a multi-node group)
 
 
 class GroupUnavailable(RuntimeError):
@@ -124,6 +127,14 @@ class WorkerGroup:
     start_s: float = 0.0  # launch until ready, measured by the first request that waited for it
     history: list[str] = field(default_factory=list)  # "continued" / "reloaded" per request (tests, benchmarks)
     wake_fd: int | None = None  # the owner's FIFO (engines/train/mailbox_wake.py): results end the wait at once
+    node: NodeGroup | None = None  # this node's agent of a multi-node group (engines/train/node_group.py); None: one node
+    engine_spec: dict[str, Any] = field(default_factory=dict)  # what the group was started with (relayed to peers)
+    relay: Relay | None = None  # on the lead of a multi-node group: every request goes to the peers too
+
+    @property
+    def ranks(self) -> range:
+        """The ranks whose mailboxes this owner writes: all of them, or its node's in a multi-node group."""
+        return self.node.ranks if self.node is not None else range(self.num_processes)
 
     @property
     def alive(self) -> bool:
@@ -146,6 +157,8 @@ class WorkerGroup:
         write_text(request_path(self.serve_dir, n),
                    json.dumps({"op": "run", "spec": spec, "continue_in_memory": continue_in_memory}))
         self._poke_ranks()
+        if self.relay is not None:
+            self.relay.send(n, self.key, self.engine_spec, spec, continue_in_memory, timeout_s)
         t0 = time.perf_counter()
         # Until every rank acknowledged, silence means a hung group (or, for a new group, one still
         # starting: that wait counts against the step's own time limit, as a cold launch's does).
@@ -154,6 +167,7 @@ class WorkerGroup:
         while True:
             if result_path(self.serve_dir, n).is_file():
                 results = json.loads(result_path(self.serve_dir, n).read_text())
+                self._finish_peers()
                 self.ready = True
                 self.history.append("continued" if results[0].get("continued_in_memory") else "reloaded")
                 return results
@@ -161,13 +175,17 @@ class WorkerGroup:
             if errors:
                 self._wait_exit(5.0)  # the failing rank exits; torchrun stops the others
                 self.kill()
-                raise GroupStepFailed(errors[0].read_text().splitlines()[0])
+                first = errors[0].read_text().splitlines()[0]
+                # A rank here that lost its partners on another node: that node's own error says why.
+                peer = self.relay.failure(wait_s=PEER_ERROR_WAIT_S) if self.relay is not None else None
+                raise GroupStepFailed(first if peer is None else f"{peer[1]} (here: {first})")
+            self._check_peers()
             if not self.alive:
                 raise GroupUnavailable(f"the warm worker group exited with {self.proc.returncode} "
                                        f"during request {n}:\n{self.log_tail()}")
             now = time.perf_counter()
             if not acked:
-                acked = all(ack_path(self.serve_dir, n, r).is_file() for r in range(self.num_processes))
+                acked = all(ack_path(self.serve_dir, n, r).is_file() for r in self.ranks)
                 if acked and not self.ready:
                     self.ready = True
                     self.start_s = now - self.started_s
@@ -180,8 +198,21 @@ class WorkerGroup:
                 raise GroupTimeout(f"ran past {timeout_s} s")
             mailbox_wake.wait(self.wake_fd, _POLL_S)
 
+    def _check_peers(self) -> None:
+        """A peer that failed or was lost fails the request here too (its ranks' partners would wait)."""
+        failed = self.relay.failure() if self.relay is not None else None
+        if failed is not None:
+            self.kill()
+            kind, message = failed
+            raise (GroupStepFailed if kind == "failed" else GroupUnavailable)(message)
+
+    def _finish_peers(self) -> None:
+        """Wait for every peer's part of the request (on an object store, its ranks' files uploaded)."""
+        if self.relay is not None:
+            self.relay.finish()
+
     def _poke_ranks(self) -> None:
-        for rank in range(self.num_processes):
+        for rank in self.ranks:
             mailbox_wake.poke(mailbox_wake.rank_fifo(self.serve_dir, rank))
 
     def stop(self) -> None:
@@ -244,37 +275,45 @@ def kill_tree(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def torchrun_command(num_processes: int, spec_path: Path) -> list[str]:
-    """The one-node torchrun launch of ``engines.train.worker`` (cold and warm paths alike).
+def torchrun_command(num_processes: int, spec_path: Path, node: NodeGroup | None = None) -> list[str]:
+    """The one-node torchrun launch of ``engines.train.worker`` (cold and warm paths alike), or with ``node``
+    this node's agent of a multi-node warm group (engines/train/node_group.py).
 
     torchrun's log folder goes beside the spec, in the launch's own temp folder (removed after the
     step, or when the warm group stops): left to itself, torchrun makes a ``torchelastic_*`` folder
     in the system temp folder for every launch and never removes it. Its rendezvous listens on the
     loopback address only (engines/train/dist.py: ``single_node_launch``).
     """
-    return [*single_node_launch(num_processes), f"--log-dir={spec_path.parent / 'torchelastic'}",
-            "-m", "engines.train.worker", str(spec_path)]
+    launch = single_node_launch(num_processes) if node is None else multi_node_launch(
+        nodes=node.nodes, node_rank=node.node_rank, nproc_per_node=node.nproc_per_node,
+        master_addr=node.master_addr, master_port=node.master_port)
+    return [*launch, f"--log-dir={spec_path.parent / 'torchelastic'}", "-m", "engines.train.worker", str(spec_path)]
 
 
-def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> WorkerGroup:
-    """Launch torchrun in serve mode; returns at once (the first request waits for readiness)."""
+def start_group(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str],
+                node: NodeGroup | None = None) -> WorkerGroup:
+    """Launch torchrun in serve mode (with ``node``: this node's agent of a multi-node group); returns at once
+    (the first request waits for readiness)."""
     owner = os.getpid()
     serve_dir = Path(tempfile.mkdtemp(prefix=f"dapo-train-serve-pid{owner}-"))  # pid: see train.clean_stale_temp_dirs
     # metrics_path/error_path are per request in serve mode (result-N.json, error-N.txt.rankR).
     spec = {**engine_spec, "metrics_path": "", "error_path": "", "serve_dir": str(serve_dir), "owner_pid": owner, "owner_start_ticks": process_start_ticks(owner)}
     spec_path = serve_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
-    for fifo in [mailbox_wake.owner_fifo(serve_dir), *(mailbox_wake.rank_fifo(serve_dir, r) for r in range(num_processes))]:
+    ranks = node.ranks if node is not None else range(num_processes)
+    for fifo in [mailbox_wake.owner_fifo(serve_dir), *(mailbox_wake.rank_fifo(serve_dir, r) for r in ranks)]:
         mailbox_wake.make(fifo)
-    cmd = torchrun_command(num_processes, spec_path)
-    log = WorkerLog.open(serve_dir, f"DeepSpeed workers: warm group of {num_processes} rank(s), pid {owner}")
+    cmd = torchrun_command(num_processes if node is None else node.nproc_per_node, spec_path, node)
+    where = "" if node is None else f", node {node.node_rank} of {node.nodes}"
+    log = WorkerLog.open(serve_dir, f"DeepSpeed workers: warm group of {num_processes} rank(s){where}, pid {owner}")
     with log.path.open("ab") as handle:
         # Own session, so a timeout kills torchrun and every rank at once (as the cold path does).
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return WorkerGroup(key=key, num_processes=num_processes, serve_dir=serve_dir, proc=proc, owner_pid=owner,
                        log=log, started_s=time.perf_counter(),
-                       wake_fd=mailbox_wake.listen(mailbox_wake.owner_fifo(serve_dir)))
+                       wake_fd=mailbox_wake.listen(mailbox_wake.owner_fifo(serve_dir)), node=node,
+                       engine_spec=engine_spec)
 
 
 _lock = threading.RLock()  # Flyte may run tasks in threads; one request at a time per group
@@ -286,8 +325,10 @@ def lock() -> threading.RLock:
     return _lock
 
 
-def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str]) -> tuple[WorkerGroup, bool]:
-    """The group for ``key`` (call with ``lock()`` held): the running one, or a new one.
+def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: dict[str, str],
+            node: NodeGroup | None = None) -> tuple[WorkerGroup, bool]:
+    """The group for ``key`` (call with ``lock()`` held): the running one, or a new one (with ``node``: this
+    node's agent of a multi-node group; another place in another group is another key).
 
     Returns (group, started_now). A group with another key is stopped first. A group that died
     while idle is forgotten and ``GroupUnavailable`` raised: the caller runs this step cold (with
@@ -297,6 +338,8 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
     global _active
     if stopping():
         raise GroupUnavailable("interrupted (Ctrl-C): no worker group starts or runs after it")
+    if node is not None:
+        key = f"{key}|{json.dumps(dataclasses.asdict(node), sort_keys=True)}"
     group = _active
     if group is not None and group.owner_pid != os.getpid():
         group = _active = None  # inherited through fork: not ours
@@ -308,7 +351,8 @@ def acquire(*, key: str, num_processes: int, engine_spec: dict[str, Any], env: d
         stop_active()
         group = None
     if group is None:
-        group = _active = start_group(key=key, num_processes=num_processes, engine_spec=engine_spec, env=env)
+        group = _active = start_group(key=key, num_processes=num_processes, engine_spec=engine_spec, env=env,
+                                      node=node)
         if stopping():  # Ctrl-C while it started: stop_now may have looked before it was recorded
             discard(group)
             raise GroupUnavailable("interrupted (Ctrl-C) while the worker group started")

@@ -53,11 +53,11 @@ def run_request(runner: StepRunner, spec: WorkerSpec, load_s: float,
             torch.save(logits, spec.probe_path)
     save_timings = runner.save(int(spec.steps[-1]["step"]))
     release_cached_gpu_memory()  # before the step is reported done: the engine may wake right after
+    for r in results:  # on every rank: another node's owner reads its own node's (engines/train/node_group.py)
+        r.update(extra or {})
     if runner.rank == 0:
         results[0]["timings"]["load_s"] = load_s
         results[-1]["timings"].update(save_timings)  # ds_save_s, export_s (overlapping) and save_export_s
-        for r in results:
-            r.update(extra or {})
         write_text(spec.metrics_path, json.dumps(results, indent=2))
     return results
 
@@ -107,10 +107,15 @@ def _start_owner_watchdog(pid: int, start_ticks: int | None, interval_s: float =
 
     Nothing of an orphaned step could be published (the owner publishes), so there is nothing to
     finish: the staging folder it leaves is hidden and ``checkpoints.clean_stale_staging`` removes it.
+    The rank's agent goes too (its other ranks with it, by their parent-death signal): an agent of a group
+    spanning nodes would otherwise wait minutes for the other nodes' agents at torchrun's exit barrier.
     """
     def watch() -> None:
         while owner_alive(pid, start_ticks):
             time.sleep(interval_s)
+        agent = os.getppid()
+        if agent != 1:
+            os.kill(agent, signal.SIGKILL)
         os._exit(0)
 
     threading.Thread(target=watch, name="owner-watchdog", daemon=True).start()
@@ -169,6 +174,11 @@ def release_cached_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _spans_nodes() -> bool:
+    """True in a warm group whose ranks run on several nodes (engines/train/node_group.py)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())) < dist.get_world_size()
+
+
 def _serve(base: WorkerSpec, rank: int) -> None:
     """Serve requests until a ``stop`` request (or the owner's death, via the watchdog)."""
     assert base.serve_dir is not None
@@ -202,7 +212,13 @@ def _serve(base: WorkerSpec, rank: int) -> None:
                 gc.collect()
                 runner = StepRunner(spec)
             load_s = time.perf_counter() - t0
-            run_request(runner, spec, load_s, {"continued_in_memory": continued, "serve_request": n})
+            results = run_request(runner, spec, load_s, {"continued_in_memory": continued, "serve_request": n})
+            if _spans_nodes():
+                dist.barrier()  # every rank of every node wrote its files of the step
+                if rank != 0 and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+                    # Rank 0 wrote the group's result on its node; the owner of this one waits for its own.
+                    write_text(spec.metrics_path, json.dumps(results))
+                    mailbox_wake.poke(mailbox_wake.owner_fifo(serve_dir))
             if rank == 0:
                 mailbox_wake.poke(mailbox_wake.owner_fifo(serve_dir))  # the result is written
         except Exception as err:

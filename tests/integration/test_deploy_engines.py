@@ -51,22 +51,31 @@ def test_every_pod_gets_the_engines_variables_and_rollout_joins_the_long_lived_c
     assert "train: a client pod of the train host, a warm DeepSpeed group of 1 rank(s)" in result.stdout
 
 
-def test_the_train_task_stays_a_pytorch_elastic_job_without_a_long_lived_cluster_or_with_two_train_nodes(
-    tmp_path: Path
-) -> None:
+def test_the_train_task_stays_a_pytorch_elastic_job_without_a_long_lived_cluster(tmp_path: Path) -> None:
     plain = tmp_path / "plain.json"
     result = _deploy("--dry-run", "--config", str(TINY), "--json-out", str(plain))
     assert result.returncode == 0, result.stderr[-3000:]
     tasks = {row["task"]: row for row in json.loads(plain.read_text())["tasks"]}
     assert tasks["dapo-train.train"]["resources"]["gpu"] == "1"  # the elastic job's pod holds its rank's GPU
     assert not json.loads(plain.read_text())["cluster_plan_env"]["train_on_host"]
-    # The paper plan trains on 2 nodes: the host holds a group on one, so its train task stays Elastic, and a
-    # state written every 10 steps would be replayed by fresh pods every step: refused, before anything is built.
+    # Without a long-lived cluster, a state written every 10 steps would be replayed by fresh pods every step:
+    # refused, before anything is built.
+    refused = _deploy("--dry-run", "--config", str(TINY), "--run-root", "s3://bucket/runs", "--set",
+                      "train.optimizer_state_every=10")
+    assert refused.returncode == 2 and "starts fresh pods every step" in refused.stderr, refused.stderr[-2000:]
+    # The paper plan trains on 2 nodes: with a long-lived cluster its train task is the client of a host group of
+    # two members, one per node (no Elastic plugin, no GPU in the pod), which keeps the state warm (K = 10 accepted).
     paper = REPO / "configs" / "qwen2.5-32b-dapo.yaml"
-    refused = _deploy("--dry-run", "--config", str(paper), "--run-root", "s3://bucket/runs", "--engines-ray-address",
-                      ADDRESS, "--set", "train.optimizer_state_every=10")
-    assert refused.returncode == 2 and "train.optimizer_state_every=10" in refused.stderr, refused.stderr[-2000:]
-    # One node with a long-lived cluster keeps the ranks warm: the same setting is accepted.
+    grouped = tmp_path / "paper.json"
+    on_nodes = _deploy("--dry-run", "--config", str(paper), "--run-root", "s3://bucket/runs", "--engines-ray-address",
+                       ADDRESS, "--set", "train.optimizer_state_every=10", "--json-out", str(grouped))
+    assert on_nodes.returncode == 0, on_nodes.stderr[-3000:]
+    paper_tasks = {row["task"]: row for row in json.loads(grouped.read_text())["tasks"]}
+    assert "gpu" not in paper_tasks["dapo-train.train"]["resources"] and not paper_tasks["dapo-train.train"]["plugin"]
+    assert "a warm DeepSpeed group of 8 rank(s) on each of 2 nodes" in on_nodes.stdout
+    assert "row d: the train task is a client of the train host (a group of 2 members, one per train node) on the " \
+        "long-lived Ray cluster (--engines-ray-address), with train.optimizer_state_every=10" in on_nodes.stdout
+    # One node with a long-lived cluster keeps the ranks warm and replays a lost state: the setting is accepted.
     on_host = _deploy("--dry-run", "--config", str(TINY), "--run-root", "s3://bucket/runs", "--engines-ray-address",
                       ADDRESS, "--set", "train.optimizer_state_every=10")
     assert on_host.returncode == 0, on_host.stderr[-3000:]

@@ -35,6 +35,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import pytest
 
+from tests import s3_server
 from tests.ray_nodes import two_gpu_nodes
 
 pytest.importorskip("vllm")
@@ -64,8 +65,13 @@ ENGINES = ["rollout-engine-0-tp1", "rollout-engine-1-tp1"]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with two_gpu_nodes() as nodes:
+def cluster(s3: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The two nodes, each with the S3 server's settings and a mirror folder of its own (separate machines)."""
+    from storage import run_store
+
+    mirrors = tmp_path_factory.mktemp("node-mirrors")
+    with two_gpu_nodes(tuple({**s3.env, run_store.MIRROR_ENV: str(mirrors / f"node-{i}")} for i in (0, 1))) as nodes:
+        nodes.mirrors = mirrors  # the tests look into a node's own copies
         yield nodes
 
 
@@ -397,6 +403,131 @@ def test_a_fresh_train_host_replays_the_steps_whose_optimizer_state_was_not_writ
         assert [first.checkpoint_id, second.checkpoint_id] == local_ids[:2]
         assert second.timings["replayed_steps"] == 1.0
         assert "[train] step 2: the train host replayed 1 step(s)" in capfd.readouterr().err
+    finally:
+        ray_engines.release(hosting)
+
+
+# --- a train host group on two nodes (engines/train/node_group.py) ------------------------------------
+
+TRAIN_2 = dataclasses.replace(TRAIN, num_processes=2)
+TWO_TRAIN_NODES = json.dumps({"train_nodes": 2, "train_nproc_per_node": 1})
+
+
+@pytest.fixture(scope="module")
+def two_rank_ids(train_inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Steps 1-3's ids from a warm group of 2 ranks on one node (this process, no hosting)."""
+    from engines.train import server as train_server
+    from engines.train.launch import train_step_in_store
+
+    folder, parent, ids = tmp_path_factory.mktemp("train-two-ranks"), train_inputs["ck0"], []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        for step in (1, 2, 3):
+            result = train_step_in_store(parent, [train_inputs["shards"][step]], str(folder / f"s{step}"), step=step,
+                                         config=TRAIN_2, hosting=EngineHosting())
+            ids.append(result.checkpoint_id)
+            parent = result.checkpoint_dir
+    train_server.stop_active()
+    return ids
+
+
+def _in_store(train_inputs: dict[str, Any], name: str) -> tuple[Any, dict[int, str]]:
+    """A run folder in the suite's S3 server holding the step-0 policy, and the batches of steps 1-3 there."""
+    from storage import run_store
+    from storage.run_layout import RunLayout
+
+    run = RunLayout(f"s3://{s3_server.BUCKET}/{name}-{uuid.uuid4().hex[:8]}")
+    run_store.upload_folder(train_inputs["ck0"], run.checkpoint(0))
+    shards = {}
+    for step, shard in train_inputs["shards"].items():
+        run_store.upload_file(shard, shards.setdefault(step, run_store.join(run.root, f"batch{step}.parquet")))
+    return run, shards
+
+
+def test_a_train_host_group_on_two_nodes_continues_in_memory_and_gives_the_one_node_runs_ids(
+    cluster: Any, train_inputs: dict[str, Any], two_rank_ids: list[str], s3_env: Any
+) -> None:
+    """The plan trains on 2 nodes of 1 rank: the lead on one node and its peer on the other own the two agents
+    of one warm group, each node with a mirror of its own of the S3 run store. Steps 1-2 give the ids of a
+    2-rank warm group on one node, step 2 continues in memory on both nodes, and each node uploads its rank's
+    optimizer shard. kill -9 of the peer between steps: a fresh group runs step 3 from the published parent
+    (each node fetching its own shard), at the one-node id."""
+    from engines.train import ray_host
+    from engines.train.launch import engine_key, train_step_in_store
+    from engines.train.spec import DS_STATE_DIR
+    from storage import run_store
+
+    run, shards = _in_store(train_inputs, "two-nodes")
+    hosting, key = _hosting(cluster), engine_key(TRAIN_2)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            patch.setenv("DAPO_CLUSTER_PLAN", TWO_TRAIN_NODES)
+            ids, parent = [], run.checkpoint(0)
+            for step in (1, 2):
+                result = train_step_in_store(parent, [shards[step]], run.checkpoint(step), step=step, config=TRAIN_2,
+                                             hosting=hosting)
+                ids.append(result.checkpoint_id)
+                parent = result.checkpoint_dir
+            assert ids == two_rank_ids[:2]
+            assert result.timings["continued_in_memory"] == 1.0
+            lead, peer = (ray_host.status(key, hosting, nodes=2, node_rank=r) for r in (0, 1))
+            assert lead.node_id != peer.node_id and (lead.node_rank, peer.node_rank) == (0, 1)
+            assert lead.history == peer.history == ["reloaded", "continued"]
+            state = [Path(f).name for f in run_store.folder_files(run_store.join(run.checkpoint(2), DS_STATE_DIR))]
+            assert [any(f"zero_pp_rank_{r}_" in f for f in state) for r in (0, 1)] == [True, True]
+
+            os.kill(peer.pid, signal.SIGKILL)  # the peer, between steps: its agent and rank go with it
+            assert _wait_gone(peer.rank_pids)
+            with pytest.warns(RuntimeWarning, match="the group was formed again"):
+                third = train_step_in_store(parent, [shards[3]], run.checkpoint(3), step=3, config=TRAIN_2,
+                                            hosting=hosting)
+            assert third.checkpoint_id == two_rank_ids[2]
+            fresh = [ray_host.status(key, hosting, nodes=2, node_rank=r) for r in (0, 1)]
+            assert fresh[1].pid != peer.pid and [h.history for h in fresh] == [["reloaded"], ["reloaded"]]
+    finally:
+        released = ray_engines.release(hosting)
+    assert released == ray_host.member_names(key, 2)
+
+
+def test_a_fresh_group_on_two_nodes_replays_a_step_whose_state_was_not_written_through_the_store(
+    cluster: Any, train_inputs: dict[str, Any], two_rank_ids: list[str], s3_env: Any,
+    capfd: pytest.CaptureFixture[str]
+) -> None:
+    """train.optimizer_state_every=2 on two nodes: step 1 writes no optimizer state; the lead is killed, so the
+    group is gone; a fresh group replays step 1 into a hidden folder of the run that both nodes read (each
+    uploads its rank's share of the replayed state), then trains step 2 at the one-node id; the folder goes."""
+    from engines.train import ray_host
+    from engines.train.launch import engine_key, train_step_in_store
+    from engines.train.spec import DS_STATE_DIR
+    from storage import run_store
+
+    every_2 = dataclasses.replace(TRAIN_2, optimizer_state_every=2)
+    run, shards = _in_store(train_inputs, "two-nodes-replay")
+    hosting, key = _hosting(cluster), engine_key(every_2)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", "1")
+            patch.setenv("DAPO_CLUSTER_PLAN", TWO_TRAIN_NODES)
+            first = train_step_in_store(run.checkpoint(0), [shards[1]], run.checkpoint(1), step=1, config=every_2,
+                                        hosting=hosting)
+            assert not run_store.exists(run_store.join(run.checkpoint(1), DS_STATE_DIR))
+            lead = ray_host.status(key, hosting, nodes=2)
+            os.kill(lead.pid, signal.SIGKILL)  # its rank's memory held step 1's optimizer state
+            assert _wait_gone(lead.rank_pids)
+            capfd.readouterr()
+            # The dead lead's name is free again: a fresh lead forms a fresh group, as a fresh one-node host starts.
+            second = train_step_in_store(run.checkpoint(1), [shards[2]], run.checkpoint(2), step=2, config=every_2,
+                                         hosting=hosting)
+        assert [first.checkpoint_id, second.checkpoint_id] == two_rank_ids[:2]
+        assert second.timings["replayed_steps"] == 1.0
+        assert "[train] step 2: the train host replayed 1 step(s)" in capfd.readouterr().err
+        assert [Path(f).name for f in run_store.folder_files(run.checkpoints_dir) if ".staging-replay-" in f] == []
+        # The peer read the replayed step from its own node's copy, fetched from the store (not the lead's disk).
+        copies = sorted(cluster.mirrors.glob("node-*/**/.step-0002.staging-replay-*/step-0001/dapo_checkpoint.json"))
+        assert len(copies) == 1, copies
+        fresh = [ray_host.status(key, hosting, nodes=2, node_rank=r) for r in (0, 1)]
+        assert [h.history for h in fresh] == [["reloaded", "continued"]] * 2  # the replayed step, then step 2
     finally:
         ray_engines.release(hosting)
 

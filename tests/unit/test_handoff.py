@@ -331,9 +331,12 @@ def test_deploy_prints_the_handoff_and_the_storage_of_the_paper_config() -> None
     text = describe_handoff(cfg, paper_plan())
     assert handoff.format_handoff(paper_cost()) in text  # the config's evaluate_every_steps reaches the model
     assert f"{cfg.run.steps} steps keep" in text and "TB keeping all" in text
-    assert "this config: run.pipelined: false (synchronous): row b with a persistent Ray cluster " \
-           "(--engines-ray-address), row c without; row d needs the train task to reach the train host" in text
-    assert "which takes a train plan of one node (this one has 2)" in text
+    # The paper plan's 2 train nodes: row d is the train host group of a member per node, as built.
+    assert "this config: run.pipelined: false (synchronous): row d with a persistent Ray cluster " \
+           "(--engines-ray-address: the train task a client of the train host), row c without" in text
+    assert "the train host as built is a group of one member per node" in text
+    group = describe_handoff(cfg, paper_plan(), train_on_host=True)
+    assert "row d: the train task is a client of the train host (a group of 2 members, one per train node)" in group
     pipelined = describe_handoff(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, pipelined=True)), paper_plan())
     assert "this config: run.pipelined: true, so the pipelined row is what it does" in pipelined
     one_node = describe_handoff(cfg, dataclasses.replace(paper_plan(), train_nodes=1))

@@ -61,3 +61,46 @@ def test_the_host_claims_a_gpu_per_rank_only_for_a_cuda_caller_or_a_deployed_cli
     monkeypatch.setattr(environments, "flyte_target", lambda: "local")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert ray_host.host_gpus(4) == 4  # `dapo run` on a GPU machine
+
+
+# --- a group on several nodes (engines/train/node_group.py) --------------------------------------------------
+
+
+def test_a_group_on_several_nodes_names_a_lead_and_a_peer_per_other_node_all_removed_with_the_hosting() -> None:
+    key = launch.engine_key(replace(TrainConfig(), num_processes=4))
+    names = ray_host.member_names(key, 2)
+    assert names == [ray_host.host_name(key) + "-2nodes", ray_host.host_name(key) + "-2nodes-node1"]
+    assert all(name.startswith(ray_actors.HOSTED_PREFIXES) for name in names)
+    assert ray_host.member_names(key, 1) == [ray_host.host_name(key)]  # one node: the host as before
+
+
+def test_each_node_owns_its_contiguous_block_of_ranks_and_fetches_only_their_optimizer_state() -> None:
+    from fnmatch import fnmatch
+
+    from engines.train.node_group import NodeGroup, other_ranks_state
+
+    nodes = [NodeGroup(nodes=2, node_rank=r, nproc_per_node=2, master_addr="10.0.0.1", master_port=29500) for r in (0, 1)]
+    assert [list(n.ranks) for n in nodes] == [[0, 1], [2, 3]] and nodes[1].world == 4
+    files = [f"ds_state/step1/zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]
+    skipped = [[any(fnmatch(f, p) for p in other_ranks_state(4, n.ranks)) for f in files] for n in nodes]
+    assert skipped == [[False, False, True, True], [True, True, False, False]]
+    assert other_ranks_state(4, range(4)) == ()  # one node: the state whole
+
+
+def test_a_relayed_request_names_every_file_through_the_rename_and_keeps_the_rest() -> None:
+    from engines.train.node_group import renamed
+
+    request = {"parent_checkpoint": "/m/s3/b/ck1", "resume_ds_state": "/m/s3/b/ck1/ds_state", "out_dir": "/m/s3/b/.s2.st",
+               "probe_path": None, "start_updates": 3, "write_state": True,
+               "steps": [{"step": 2, "shards": ["/m/s3/b/batch2.parquet"], "parent_version": 1}]}
+    out = renamed(request, lambda p: p.replace("/m/s3/", "s3://"))
+    assert out == {**request, "parent_checkpoint": "s3://b/ck1", "resume_ds_state": "s3://b/ck1/ds_state",
+                   "out_dir": "s3://b/.s2.st", "steps": [{"step": 2, "shards": ["s3://b/batch2.parquet"],
+                                                            "parent_version": 1}]}
+    assert request["steps"][0]["shards"] == ["/m/s3/b/batch2.parquet"]  # the lead's own request is unchanged
+
+
+def test_a_group_on_several_nodes_refuses_what_it_cannot_run_before_any_work() -> None:
+    with pytest.raises(launch.TrainInputError, match="num_processes=3 does not split over the plan's 2 train nodes"):
+        launch._check_node_group(replace(TrainConfig(), num_processes=3), 2, step=4)
+    launch._check_node_group(replace(TrainConfig(), num_processes=2, optimizer_state_every=5), 2, step=4)
