@@ -120,6 +120,13 @@ def single_node_launch(num_processes: int, *, host: str = LOOPBACK) -> list[str]
             f"--nproc_per_node={num_processes}"]
 
 
+def free_port(address: str = LOOPBACK) -> int:
+    """A port free on ``address`` now (a rendezvous's: the agent binds it moments later)."""
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
 def multi_node_launch(*, nodes: int, node_rank: int, nproc_per_node: int, master_addr: str, master_port: int
                       ) -> list[str]:
     """The command that starts node ``node_rank``'s agent of a group of ``nodes`` (a static rendezvous held

@@ -64,9 +64,10 @@ class Relay(Protocol):
              continue_in_memory: bool, timeout_s: float) -> None:
         """Hand request ``n`` to every peer; returns at once."""
 
-    def failure(self, wait_s: float = 0.0) -> tuple[str, str] | None:
-        """``(kind, message)`` of a peer that failed request ``n`` (kind: ``"failed"`` or ``"lost"``), else None;
-        ``wait_s``: how long to wait for the peers to end the request first."""
+    def failure(self, wait_s: float = 0.0) -> Exception | None:
+        """What a peer failed request ``n`` with, as the lead's group raises it (engines/train/server.py:
+        ``GroupStepFailed`` in its step, ``GroupUnavailable`` when lost), else None; ``wait_s``: how long to
+        wait for the peers to end the request first."""
 
     def finish(self) -> None:
         """Wait until every peer finished request ``n`` (its files uploaded); raises as :meth:`failure` says."""
@@ -109,8 +110,7 @@ PATH_FIELDS = ("parent_checkpoint", "resume_ds_state", "out_dir", "probe_path")
 
 def renamed(request: dict[str, Any], rename: Any) -> dict[str, Any]:
     """``request`` with every path in it (:data:`PATH_FIELDS`, each step's shards) passed through ``rename``."""
-    out = {**request, **{k: rename(request[k]) if request.get(k) else request.get(k) for k in PATH_FIELDS
-                         if k in request}}
+    out = {**request, **{k: rename(request[k]) for k in PATH_FIELDS if request.get(k)}}
     if request.get("steps"):
         out["steps"] = [{**s, "shards": [rename(p) for p in s["shards"]]} for s in request["steps"]]
     return out

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from engines.train.dist import free_port
 from engines.train.launch import _worker_env
 from engines.train.node_group import NodeLayout
 from engines.train.publish import TrainStepError, TrainStepResult
@@ -34,12 +34,6 @@ from storage import run_store
 
 RESULT_FILE = "result.json"  # rank 0's TrainStepResult, written by the rank entry point
 STOP_GRACE_S = 10.0  # an agent told to stop (SIGTERM) stops its ranks within this, else it is killed
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _agent_command(layout: NodeLayout, node: int, port: int, work: Path) -> list[str]:
@@ -84,7 +78,7 @@ def _wait_for_agents(agents: list[subprocess.Popen[bytes]]) -> int | None:
 
 def _run_agents(layout: NodeLayout, work: Path, step: int) -> None:
     """Start every node's agent and wait for all; a failed agent is a TrainStepError quoting its log's tail."""
-    port = _free_port()
+    port = free_port()
     logs = [work / f"agent-{node}.log" for node in range(layout.nodes)]
     agents = []
     for node, log in enumerate(logs):

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import socket
 import sys
 import uuid
 import warnings
@@ -48,6 +47,7 @@ import ray
 from engines.runtime import ray_actors
 from engines.runtime.environ import overlay
 from engines.train import node_group
+from engines.train.dist import free_port
 from engines.train.node_group import NodeGroup
 from engines.train.publish import NodeGroupLost, TrainStepError, TrainStepResult
 from settings.rollout import EngineHosting
@@ -70,6 +70,10 @@ class HostedStep:
     engine_key: str  # launch.engine_key(config): names the host, one per engine settings
     rank_threads: str  # OMP_NUM_THREADS the task would give its ranks: the host's ranks compute alike
     nodes: int = 1  # the plan's train nodes: a host on each, config.num_processes split between them
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.config.num_processes // self.nodes
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ class TrainHost:
         if tokens != self._peer_tokens:
             _discard_group()
             address = ray.util.get_node_ip_address()
-            port, nproc = _free_port(address), call.config.num_processes // call.nodes
+            port, nproc = free_port(address), call.nproc_per_node
             ray.get([p.join.remote(NodeGroup(call.nodes, i, nproc, address, port)) for i, p in enumerate(peers, 1)])
             self._relay = _PeerRelay(peers)
             node_group.join(NodeGroup(call.nodes, 0, nproc, address, port), self._relay)
@@ -194,37 +198,31 @@ class _PeerRelay:
         self._refs = [p.serve_part.remote(self._serve, n, key, spec, named, target, continue_in_memory, timeout_s,
                                           self._call.rank_threads) for p in self._peers]
 
-    def failure(self, wait_s: float = 0.0) -> tuple[str, str] | None:
+    def failure(self, wait_s: float = 0.0) -> Exception | None:
         done, _ = ray.wait(self._refs, num_returns=len(self._refs), timeout=wait_s) if self._refs else ([], [])
-        for node, ref in enumerate(self._refs, 1):
-            if ref in done:
-                failed = _peer_failure(node, ref)
-                if failed is not None:
-                    return failed
-        return None
+        return next(filter(None, (_peer_failure(node, ref) for node, ref in enumerate(self._refs, 1)
+                                  if ref in done)), None)
 
     def finish(self) -> None:
-        from engines.train.server import GroupStepFailed, GroupUnavailable
-
-        for node, ref in enumerate(self._refs, 1):
-            failed = _peer_failure(node, ref)
-            if failed is not None:
-                raise (GroupStepFailed if failed[0] == "failed" else GroupUnavailable)(failed[1])
+        failed = next(filter(None, (_peer_failure(node, ref) for node, ref in enumerate(self._refs, 1))), None)
+        if failed is not None:
+            raise failed
 
 
-def _peer_failure(node: int, ref: Any) -> tuple[str, str] | None:
-    """``("failed", message)`` when node ``node``'s part failed in its step, ``("lost", message)`` when its
-    actor or agent is gone, None when it finished (waits for it)."""
-    from engines.train.server import GroupStepFailed
+def _peer_failure(node: int, ref: Any) -> Exception | None:
+    """What node ``node``'s part of the request failed with, as the lead's group raises it: ``GroupStepFailed``
+    when it failed in its step, ``GroupUnavailable`` when its actor or agent is gone; None when it finished
+    (waits for it)."""
+    from engines.train.server import GroupStepFailed, GroupUnavailable
 
     try:
         ray.get(ref)
     except ray.exceptions.RayTaskError as err:
         cause = getattr(err, "cause", None)
-        kind = "failed" if isinstance(cause, GroupStepFailed) else "lost"
-        return kind, f"node {node}: {cause if cause is not None else err}"
+        kind = GroupStepFailed if isinstance(cause, GroupStepFailed) else GroupUnavailable
+        return kind(f"node {node}: {cause if cause is not None else err}")
     except ray.exceptions.RayError as err:
-        return "lost", f"node {node}: its train host is gone ({type(err).__name__})"
+        return GroupUnavailable(f"node {node}: its train host is gone ({type(err).__name__})")
     return None
 
 
@@ -235,12 +233,6 @@ def _discard_group() -> None:
     group = server.active_group()
     if group is not None:
         server.discard(group)
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 def _put_export(out_dir: str, checkpoint_id: str) -> tuple[str, Any] | None:
@@ -294,11 +286,10 @@ def _host(engine_key: str, num_processes: int, hosting: EngineHosting, nodes: in
 def _members(call: HostedStep, hosting: EngineHosting) -> list[tuple[str, Any]]:
     """The train host group for ``call``: ``[(name, handle)]``, the lead first, then a peer on each other node
     (found, else started on a node no member runs on). On one node, the host alone."""
-    nproc = call.config.num_processes // call.nodes
-    lead = _host(call.engine_key, nproc, hosting, call.nodes)
+    lead = _host(call.engine_key, call.nproc_per_node, hosting, call.nodes)
     if call.nodes == 1:
         return [lead]
-    gpus = host_gpus(nproc)
+    gpus = host_gpus(call.nproc_per_node)
     members, used = [lead], {ray.get(lead[1].identity.remote())[0]}
     for name in member_names(call.engine_key, call.nodes)[1:]:
         peer = ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0,
@@ -369,7 +360,7 @@ def train_step(run: Callable[..., TrainStepResult], call: HostedStep, hosting: E
                       "step(s) before it to rebuild the optimizer state its parent did not write "
                       "(train.optimizer_state_every)", file=sys.stderr, flush=True)
             return result
-    raise TrainStepError(f"step {call.step}: the train host {hosting.ray_namespace}/{host_name(call.engine_key, call.nodes)} died twice running it "
+    raise TrainStepError(f"step {call.step}: the train host {hosting.ray_namespace}/{names[0]} died twice running it "
                          "(nothing published); check the Ray cluster's nodes (memory, preemption)")
 
 

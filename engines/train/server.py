@@ -178,7 +178,7 @@ class WorkerGroup:
                 first = errors[0].read_text().splitlines()[0]
                 # A rank here that lost its partners on another node: that node's own error says why.
                 peer = self.relay.failure(wait_s=PEER_ERROR_WAIT_S) if self.relay is not None else None
-                raise GroupStepFailed(first if peer is None else f"{peer[1]} (here: {first})")
+                raise GroupStepFailed(first if peer is None else f"{peer} (here: {first})")
             self._check_peers()
             if not self.alive:
                 raise GroupUnavailable(f"the warm worker group exited with {self.proc.returncode} "
@@ -203,8 +203,7 @@ class WorkerGroup:
         failed = self.relay.failure() if self.relay is not None else None
         if failed is not None:
             self.kill()
-            kind, message = failed
-            raise (GroupStepFailed if kind == "failed" else GroupUnavailable)(message)
+            raise failed
 
     def _finish_peers(self) -> None:
         """Wait for every peer's part of the request (on an object store, its ranks' files uploaded)."""

@@ -260,15 +260,21 @@ def train_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def local_ids(train_inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Steps 1-3's checkpoint ids from the plain local run: the warm group of this process, no hosting."""
+    return _local_run_ids(train_inputs, tmp_path_factory.mktemp("train-local"), TRAIN)
+
+
+def _local_run_ids(train_inputs: dict[str, Any], folder: Path, config: TrainConfig) -> list[str]:
+    """Steps 1-3's ids trained by this process's own warm group (no hosting), as the task processes run (one
+    OpenMP thread a rank); the group is stopped after."""
     from engines.train import server as train_server
     from engines.train.launch import train_step_in_store
 
-    folder, parent, ids = tmp_path_factory.mktemp("train-local"), train_inputs["ck0"], []
+    parent, ids = train_inputs["ck0"], []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")  # as the task processes below
+        patch.setenv("OMP_NUM_THREADS", "1")
         for step in (1, 2, 3):
             result = train_step_in_store(parent, [train_inputs["shards"][step]], str(folder / f"s{step}"), step=step,
-                                         config=TRAIN, hosting=EngineHosting())
+                                         config=config, hosting=EngineHosting())
             ids.append(result.checkpoint_id)
             parent = result.checkpoint_dir
     train_server.stop_active()
@@ -416,19 +422,7 @@ TWO_TRAIN_NODES = json.dumps({"train_nodes": 2, "train_nproc_per_node": 1})
 @pytest.fixture(scope="module")
 def two_rank_ids(train_inputs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """Steps 1-3's ids from a warm group of 2 ranks on one node (this process, no hosting)."""
-    from engines.train import server as train_server
-    from engines.train.launch import train_step_in_store
-
-    folder, parent, ids = tmp_path_factory.mktemp("train-two-ranks"), train_inputs["ck0"], []
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        for step in (1, 2, 3):
-            result = train_step_in_store(parent, [train_inputs["shards"][step]], str(folder / f"s{step}"), step=step,
-                                         config=TRAIN_2, hosting=EngineHosting())
-            ids.append(result.checkpoint_id)
-            parent = result.checkpoint_dir
-    train_server.stop_active()
-    return ids
+    return _local_run_ids(train_inputs, tmp_path_factory.mktemp("train-two-ranks"), TRAIN_2)
 
 
 def _in_store(train_inputs: dict[str, Any], name: str) -> tuple[Any, dict[int, str]]:
