@@ -292,11 +292,20 @@ def _members(call: HostedStep, hosting: EngineHosting) -> list[tuple[str, Any]]:
     gpus = host_gpus(call.nproc_per_node)
     members, used = [lead], {ray.get(lead[1].identity.remote())[0]}
     for name in member_names(call.engine_key, call.nodes)[1:]:
-        peer = ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0,
-                                concurrency_groups={WEIGHTS_GROUP: 1}, node_id=_free_node(used, gpus, call))
-        used.add(ray.get(peer.identity.remote())[0])
+        peer, node = _peer(name, used, gpus, call, hosting)
+        if node in used:  # a live peer of an earlier group, on the node a fresh lead took: one member a node
+            ray_actors.forget(name, hosting.ray_namespace)
+            peer, node = _peer(name, used, gpus, call, hosting)
+        used.add(node)
         members.append((name, peer))
     return members
+
+
+def _peer(name: str, used: set[str], gpus: int, call: HostedStep, hosting: EngineHosting) -> tuple[Any, str]:
+    """(handle, node id) of the live peer ``name``, else of a fresh one on a node no member runs on."""
+    peer = ray_actors.named(TrainHost, name, hosting.ray_namespace, num_gpus=gpus, num_cpus=0,
+                            concurrency_groups={WEIGHTS_GROUP: 1}, node_id=_free_node(used, gpus, call))
+    return peer, ray.get(peer.identity.remote())[0]
 
 
 def _free_node(used: set[str], gpus: int, call: HostedStep) -> str:

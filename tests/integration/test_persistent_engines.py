@@ -522,6 +522,8 @@ def test_a_fresh_group_on_two_nodes_replays_a_step_whose_state_was_not_written_t
         assert len(copies) == 1, copies
         fresh = [ray_host.status(key, hosting, nodes=2, node_rank=r) for r in (0, 1)]
         assert [h.history for h in fresh] == [["reloaded", "continued"]] * 2  # the replayed step, then step 2
+        # The old peer outlived the lead; wherever Ray put the fresh lead, the two are on different nodes.
+        assert fresh[0].node_id != fresh[1].node_id
     finally:
         ray_engines.release(hosting)
 
