@@ -283,17 +283,23 @@ def _weights_key(checkpoint_dir: Path) -> str:
     return f"{checkpoint_dir.resolve()}|{stamp}"
 
 
+def _cached(key: tuple[str, str]) -> _CachedEngine | None:
+    """The engine kept for ``key``, if one is kept and can still run (:func:`_forget_engines_of_a_lost_world`)."""
+    _forget_engines_of_a_lost_world()
+    return _ENGINES.get(key)
+
+
 def needs_weights(checkpoint_dir: str | Path, settings: EngineSettings) -> bool:
     """True when ``get_engine`` would read weights for ``checkpoint_dir``: no engine of these settings and
     architecture in this process yet (a start, which reads the folder's files), or one holding others."""
     folder = Path(checkpoint_dir)
-    cached = _ENGINES.get((settings.cache_key(), architecture_digest(folder)))
+    cached = _cached((settings.cache_key(), architecture_digest(folder)))
     return cached is None or cached.weights_key != _weights_key(folder)
 
 
 def holds_engine(checkpoint_dir: str | Path, settings: EngineSettings) -> bool:
     """True when this process has an engine of these settings and ``checkpoint_dir``'s architecture."""
-    return (settings.cache_key(), architecture_digest(Path(checkpoint_dir))) in _ENGINES
+    return _cached((settings.cache_key(), architecture_digest(Path(checkpoint_dir)))) is not None
 
 
 def get_engine(checkpoint_dir: str | Path, settings: EngineSettings,
@@ -306,7 +312,7 @@ def get_engine(checkpoint_dir: str | Path, settings: EngineSettings,
     folder = Path(checkpoint_dir)
     key = (settings.cache_key(), architecture_digest(folder))
     wanted = _weights_key(folder)
-    cached = _ENGINES.get(key)
+    cached = _cached(key)
     if cached is None:
         llm = create_engine(folder, settings)
         _ENGINES[key] = _CachedEngine(llm, folder, wanted, torch.get_num_threads())
@@ -357,7 +363,9 @@ def _leave_gpu(llm: LLM) -> None:
 
 def _release(llm: LLM) -> None:
     """Shut an engine down and return its GPU memory (best effort: the in-process engine core's
-    ``shutdown``, then the caching allocator's blocks)."""
+    ``shutdown``, then the caching allocator's blocks). An in-process core's shutdown also tears down the
+    process group every in-process engine of this process shares: the others are started again when next
+    asked for (:func:`_forget_engines_of_a_lost_world`)."""
     shutdown = getattr(getattr(llm.llm_engine, "engine_core", None), "shutdown", None)
     if shutdown is not None:
         shutdown()
@@ -370,8 +378,68 @@ def _release(llm: LLM) -> None:
 
 
 def clear_engine_cache() -> None:
-    """Forget every cached engine (they are freed when no one else holds them)."""
+    """Shut every cached engine down now and forget it (best effort: on Ctrl-C one may be mid-generation).
+
+    Shut down, not left to the garbage collector: an in-process engine core tears down the process's
+    distributed state when it is collected, which may be long after, under an engine started since."""
+    engines = [cached.llm for cached in _ENGINES.values()]
     _ENGINES.clear()
+    for llm in engines:
+        try:
+            _release(llm)
+        except Exception:  # noqa: BLE001  the others are still shut down; this one is forgotten either way
+            pass
+
+
+def _forget_engines_of_a_lost_world() -> None:
+    """Shut down and forget the cached in-process engines when the process group they share is gone.
+
+    Every in-process engine core of a process joins one process group (torch.distributed's default group,
+    with vLLM's groups on it). One engine's shutdown tears it down for all, and so does other code of the
+    process that destroys torch's default group. The engines kept across that cannot run; a new engine
+    would be built on vLLM's stale groups ("Process group ... is not initialized in the world group map").
+    So the others are shut down and vLLM's groups dropped, and the next engine starts on a fresh group.
+    """
+    if not _ENGINES or not reloads_in_process() or _world_stands():
+        return
+    clear_engine_cache()
+    _drop_stale_groups()
+
+
+def _world_stands() -> bool:
+    """Whether the process group of this process's in-process engines is still registered with torch."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+
+    world = parallel_state._WORLD  # vLLM keeps the world group here; no public accessor returns None
+    if world is None or not dist.is_initialized() or not parallel_state.model_parallel_is_initialized():
+        return False
+    try:
+        dist.get_backend(world.device_group)  # raises for a group torch no longer knows
+    except ValueError:
+        return False
+    return True
+
+
+def _drop_stale_groups() -> None:
+    """vLLM's own teardown of its groups, where torch may have destroyed some already (those are skipped)."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+
+    destroy = dist.destroy_process_group
+
+    def destroy_known(group: Any = None) -> None:
+        try:
+            destroy(group)
+        except (ValueError, AssertionError):  # already destroyed under vLLM, or no default group left
+            pass
+
+    dist.destroy_process_group = destroy_known
+    try:
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
+    finally:
+        dist.destroy_process_group = destroy
 
 
 def release_process_group() -> None:

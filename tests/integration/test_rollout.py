@@ -431,3 +431,61 @@ def test_a_processs_first_round_on_a_cpu_engine_compiles_nothing(tmp_path: Path)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     frames = next(line for line in proc.stdout.splitlines() if line.startswith("FRAMES "))
     assert frames.split()[1] == "0", f"torch.compile traced frames during the round: {frames}"
+
+
+def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True) for _ in prompts]
+    return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(llm, prompts, params)]
+
+
+def test_engines_kept_in_a_process_start_again_once_the_process_group_they_share_is_gone(
+    checkpoint: Path, problem_shard: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every in-process engine of a process joins one process group. CI once failed every test of a module
+    # at its first in-process engine with "Process group ... is not initialized in the world group map":
+    # torch's default group had been destroyed under a kept engine, and vLLM built the new one on its
+    # stale groups. A kept engine must not be handed out (nor built upon) once that group is gone.
+    import torch.distributed as dist
+
+    prompts = _prompt_ids(checkpoint, problem_shard)
+    one, other = ro.engine_settings(_config(), 256), ro.engine_settings(_config(), 192)
+    expected = _greedy(vllm_engine.get_engine(checkpoint, one)[0], prompts)
+    vllm_engine.get_engine(checkpoint, other)
+
+    dist.destroy_process_group()  # as other code of the process may (a trainer's clean-up)
+    assert vllm_engine.needs_weights(checkpoint, other)  # a start reads the folder's files again
+    llm, how = vllm_engine.get_engine(checkpoint, other)
+    assert (how, _greedy(llm, prompts)) == ("started", expected)
+
+    # One engine released (a GPU without sleep mode, after its call) tears the group down for the other.
+    llm, _ = vllm_engine.get_engine(checkpoint, one)
+    with monkeypatch.context() as gpu:
+        gpu.setattr(vllm_engine, "is_cpu_platform", lambda: False)
+        gpu.setattr(vllm_engine, "sleep_mode_available", lambda: False)
+        vllm_engine._leave_gpu(llm)
+    del llm
+    llm, how = vllm_engine.get_engine(checkpoint, other)
+    assert (how, _greedy(llm, prompts)) == ("started", expected)
+
+
+def test_engines_cleared_from_the_cache_are_shut_down_not_left_to_the_garbage_collector(
+    checkpoint: Path, problem_shard: Path
+) -> None:
+    # An in-process engine core tears down the process group when it is collected. Forgotten but still
+    # referenced (here by a cycle, as a frame or a test may hold it), it was collected after the next engine
+    # had joined a fresh group, and took that group down with it.
+    import gc
+
+    prompts = _prompt_ids(checkpoint, problem_shard)
+    settings = ro.engine_settings(_config(), 256)
+    held: list = [vllm_engine.get_engine(checkpoint, settings)[0]]
+    held.append(held)
+    vllm_engine.clear_engine_cache()
+    llm, how = vllm_engine.get_engine(checkpoint, settings)
+    expected = _greedy(llm, prompts)
+    del held
+    gc.collect()
+    other, how = vllm_engine.get_engine(checkpoint, ro.engine_settings(_config(), 192))  # built on the group
+    assert (how, _greedy(other, prompts), _greedy(llm, prompts)) == ("started", expected, expected)

@@ -63,6 +63,7 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)
     monkeypatch.setattr(vllm_engine, "sleep_mode_available", lambda: True)
     monkeypatch.setattr(vllm_engine, "_release", lambda llm: log.append("release"))
+    monkeypatch.setattr(vllm_engine, "_world_stands", lambda: True)  # fakes join no process group
     vllm_engine.clear_engine_cache()
     yield log
     vllm_engine.clear_engine_cache()
