@@ -59,12 +59,14 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         log.append("start")
         return FakeLLM(log)
 
+    # Real engines another test of this worker kept are shut down for real first: forgotten, one would be
+    # collected later and take down the process group of an engine started since.
+    vllm_engine.clear_engine_cache()
     monkeypatch.setattr(vllm_engine, "create_engine", create)
     monkeypatch.setattr(vllm_engine, "is_cpu_platform", lambda: False)
     monkeypatch.setattr(vllm_engine, "sleep_mode_available", lambda: True)
     monkeypatch.setattr(vllm_engine, "_release", lambda llm: log.append("release"))
     monkeypatch.setattr(vllm_engine, "_world_stands", lambda: True)  # fakes join no process group
-    vllm_engine.clear_engine_cache()
     yield log
     vllm_engine.clear_engine_cache()
 
