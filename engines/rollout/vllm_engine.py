@@ -403,7 +403,7 @@ def _forget_engines_of_a_lost_world() -> None:
     if not _ENGINES or not reloads_in_process() or _world_stands():
         return
     clear_engine_cache()
-    _drop_stale_groups()
+    _tear_down_groups()
 
 
 def _world_stands() -> bool:
@@ -421,10 +421,11 @@ def _world_stands() -> bool:
     return True
 
 
-def _drop_stale_groups() -> None:
-    """vLLM's own teardown of its groups, where torch may have destroyed some already (those are skipped)."""
+def _tear_down_groups() -> None:
+    """vLLM's own teardown of its groups (``cleanup_dist_env_and_memory``), where torch may have destroyed some
+    already (those are skipped, so vLLM forgets every group, not those before the first destroyed one)."""
     import torch.distributed as dist
-    from vllm.distributed import parallel_state
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     destroy = dist.destroy_process_group
 
@@ -436,8 +437,7 @@ def _drop_stale_groups() -> None:
 
     dist.destroy_process_group = destroy_known
     try:
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
+        cleanup_dist_env_and_memory()
     finally:
         dist.destroy_process_group = destroy
 
@@ -448,11 +448,8 @@ def release_process_group() -> None:
     (``vllm_dist_*`` in the temp folder) is removed with it; left, one stayed per interrupted run."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        return
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    cleanup_dist_env_and_memory()
+    if dist.is_initialized():
+        _tear_down_groups()
 
 
 def generate(

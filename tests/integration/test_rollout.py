@@ -67,12 +67,15 @@ def _hf_model(folder: Path):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def _greedy_vllm(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def _greedy(llm, prompts: list[list[int]], max_tokens: int = 8) -> list[list[int]]:
     from vllm import SamplingParams
 
-    llm, _ = vllm_engine.get_engine(folder, ro.engine_settings(_config(), 256))
     params = [SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True) for _ in prompts]
     return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(llm, prompts, params)]
+
+
+def _greedy_vllm(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    return _greedy(vllm_engine.get_engine(folder, ro.engine_settings(_config(), 256))[0], prompts, max_tokens)
 
 
 def _greedy_hf(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
@@ -431,13 +434,6 @@ def test_a_processs_first_round_on_a_cpu_engine_compiles_nothing(tmp_path: Path)
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     frames = next(line for line in proc.stdout.splitlines() if line.startswith("FRAMES "))
     assert frames.split()[1] == "0", f"torch.compile traced frames during the round: {frames}"
-
-
-def _greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
-    from vllm import SamplingParams
-
-    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True) for _ in prompts]
-    return [list(o.outputs[0].token_ids) for o in vllm_engine.generate(llm, prompts, params)]
 
 
 def test_engines_kept_in_a_process_start_again_once_the_process_group_they_share_is_gone(
